@@ -1,0 +1,12 @@
+# CUDA backend switch. AUTO turns it on when a CUDA compiler is found.
+include(CheckLanguage)
+set(PPX_HAVE_CUDA OFF)
+if(PPX_CUDA STREQUAL "AUTO" OR PPX_CUDA)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(PPX_HAVE_CUDA ON)
+  elseif(PPX_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "PPX_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "personaplex: CUDA backend ${PPX_HAVE_CUDA}")

@@ -1,0 +1,10 @@
+# Every dependency comes from Debian packages; scripts/setup.sh installs them.
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SNDFILE REQUIRED IMPORTED_TARGET sndfile)
+pkg_check_modules(SOXR REQUIRED IMPORTED_TARGET soxr)
+if(PPX_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,85 @@
+#include "apps/common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "ppx/error.h"
+
+namespace ppx::app {
+
+nlohmann::json latency_stats(std::vector<double> ms) {
+  nlohmann::json j;
+  if (ms.empty()) return j;
+  std::sort(ms.begin(), ms.end());
+  auto pct = [&](double p) {
+    const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * ms.size()));
+    return ms[std::clamp<size_t>(rank, 1, ms.size()) - 1];
+  };
+  double sum = 0;
+  for (double v : ms) sum += v;
+  j["n"] = ms.size();
+  j["mean"] = sum / ms.size();
+  j["p50"] = pct(50);
+  j["p90"] = pct(90);
+  j["p99"] = pct(99);
+  j["p99_9"] = pct(99.9);
+  j["max"] = ms.back();
+  return j;
+}
+
+nlohmann::json machine_info() {
+  nlohmann::json j;
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpu, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      j["cpu"] = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  j["cpu_threads"] = std::thread::hardware_concurrency();
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0) j["host"] = host;
+  j["commit"] = PPX_GIT_COMMIT;
+  j["version"] = PPX_VERSION;
+  return j;
+}
+
+std::string command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s.push_back(' ');
+    s.append(argv[i]);
+  }
+  return s;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+int run_main(int (*body)(int, char**), int argc, char** argv) {
+  try {
+    return body(argc, argv);
+  } catch (const ppx::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace ppx::app

@@ -1,0 +1,92 @@
+// personaplex-verify: replays golden reference vectors and prints one JSON line of agreement
+// figures. It exits non-zero only when an input is unusable, never because figures are poor.
+//
+//   personaplex-verify mimi --config C --mimi WEIGHTS --io IO [--device cpu]
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "apps/common.h"
+#include "ppx/config.h"
+#include "ppx/error.h"
+#include "ppx/mimi.h"
+#include "ppx/safetensors.h"
+#include "ppx/weights.h"
+
+namespace {
+
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device == "cuda") throw ppx::Error("--device cuda: the CUDA backend is not available in this build yet");
+  throw ppx::Error("--device: unknown device '" + device + "' (expected cpu or cuda)");
+}
+
+// Streams io's pcm_in through the encoder frame by frame and io's codes through the decoder.
+nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::string& weights_path, const std::string& io_path) {
+  const ppx::ModelConfig cfg = ppx::load_config(config_path);
+  auto file = std::make_shared<const ppx::SafeTensors>(weights_path);
+  ppx::FileWeights w(file);
+  const ppx::Mimi mimi(cfg.mimi, w);
+  const ppx::SafeTensors io(io_path);
+
+  const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
+  const std::vector<float> pcm_in = io.to_f32("pcm_in");
+  const std::vector<int64_t> codes_ref = io.to_i64("codes");
+  const std::vector<float> pcm_ref = io.to_f32("pcm_out");
+  const int frames = static_cast<int>(pcm_in.size() / fs);
+  if (frames == 0) throw ppx::Error("'" + io_path + "': pcm_in is shorter than one frame");
+  if (io.info("codes").shape != std::vector<int64_t>{nq, frames})
+    throw ppx::Error("'" + io_path + "': codes has shape " + ppx::shape_str(io.info("codes").shape) +
+                     ", expected [" + std::to_string(nq) + ", " + std::to_string(frames) + "]");
+  if (pcm_ref.size() != static_cast<size_t>(frames) * fs)
+    throw ppx::Error("'" + io_path + "': pcm_out length differs from frames * frame_samples");
+
+  ppx::MimiState st;
+  std::vector<int32_t> codes(nq);
+  int64_t agree = 0;
+  for (int f = 0; f < frames; ++f) {
+    mimi.encode(st, pcm_in.data() + static_cast<size_t>(f) * fs, codes.data());
+    for (int q = 0; q < nq; ++q) agree += codes[q] == codes_ref[static_cast<size_t>(q) * frames + f];
+  }
+  std::vector<float> pcm_out(static_cast<size_t>(frames) * fs);
+  for (int f = 0; f < frames; ++f) {
+    for (int q = 0; q < nq; ++q) {
+      const int64_t c = codes_ref[static_cast<size_t>(q) * frames + f];
+      if (c < 0 || c >= cfg.mimi.quantizer.bins) throw ppx::Error("'" + io_path + "': code out of range");
+      codes[q] = static_cast<int32_t>(c);
+    }
+    mimi.decode(st, codes.data(), pcm_out.data() + static_cast<size_t>(f) * fs);
+  }
+  nlohmann::ordered_json j;
+  j["frames"] = frames;
+  j["codes_agreement"] = static_cast<double>(agree) / (static_cast<double>(frames) * nq);
+  j["pcm_rel_l2"] = ppx::app::rel_l2(pcm_out, pcm_ref);
+  return j;
+}
+
+int verify(int argc, char** argv) {
+  CLI::App app{"Replays golden reference vectors and prints agreement figures as one JSON line"};
+  app.require_subcommand(1);
+  std::string config, mimi_w, io, device = "cpu";
+  auto* mimi = app.add_subcommand("mimi", "Mimi streaming encode/decode against a golden io file");
+  mimi->add_option("--config", config, "model config JSON")->required()->check(CLI::ExistingFile);
+  mimi->add_option("--mimi", mimi_w, "Mimi weights (.safetensors)")->required()->check(CLI::ExistingFile);
+  mimi->add_option("--io", io, "golden io file (.safetensors with pcm_in, codes, pcm_out)")
+      ->required()->check(CLI::ExistingFile);
+  mimi->add_option("--device", device, "cpu or cuda")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  check_device(device);
+  nlohmann::ordered_json out;
+  if (*mimi) out = verify_mimi(config, mimi_w, io);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return ppx::app::run_main(verify, argc, argv); }

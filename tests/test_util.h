@@ -1,0 +1,30 @@
+// Helpers for tests: paths of bundled data, scratch files.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ppx::test {
+
+inline std::string data(const std::string& name) { return std::string(PPX_TEST_DATA) + "/" + name; }
+inline std::string config_dir(const std::string& name) { return std::string(PPX_CONFIG_DIR) + "/" + name; }
+
+inline std::string scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "ppx_tests";
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+inline std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+inline void write_bytes(const std::string& path, const std::vector<char>& b) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+}  // namespace ppx::test
