@@ -73,8 +73,8 @@ struct LmConfig {
   double depformer_max_period = 10000;
   bool depformer_weights_per_step = true;
   std::vector<int> delays{0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
-  int ffn_hidden() const;            // 2 * int(hidden_scale*dim) / 3
-  int depformer_ffn_hidden() const;  // 2 * depformer_dim_feedforward / 3
+  int ffn_hidden() const;            // gating hidden width of the temporal FFN (11264)
+  int depformer_ffn_hidden() const;  // gating hidden width of the depformer FFN (2816)
   int max_delay() const;
 };
 

@@ -12,8 +12,8 @@
 
 namespace ppx::app {
 
-nlohmann::json latency_stats(std::vector<double> ms) {
-  nlohmann::json j;
+nlohmann::ordered_json latency_stats(std::vector<double> ms) {
+  nlohmann::ordered_json j;
   if (ms.empty()) return j;
   std::sort(ms.begin(), ms.end());
   auto pct = [&](double p) {
@@ -32,8 +32,8 @@ nlohmann::json latency_stats(std::vector<double> ms) {
   return j;
 }
 
-nlohmann::json machine_info() {
-  nlohmann::json j;
+nlohmann::ordered_json machine_info() {
+  nlohmann::ordered_json j;
   std::ifstream cpu("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpu, line)) {

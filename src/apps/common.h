@@ -10,9 +10,9 @@
 namespace ppx::app {
 
 // Percentiles (nearest rank) and max of a sample of durations in milliseconds.
-nlohmann::json latency_stats(std::vector<double> ms);
+nlohmann::ordered_json latency_stats(std::vector<double> ms);
 // CPU model, core count, host name, GPU (when given), commit, version.
-nlohmann::json machine_info();
+nlohmann::ordered_json machine_info();
 // The command line as one string.
 std::string command_line(int argc, char** argv);
 // ||a - b|| / ||b|| over the common length (a and b must have equal size).

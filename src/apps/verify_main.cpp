@@ -2,14 +2,17 @@
 // figures. It exits non-zero only when an input is unusable, never because figures are poor.
 //
 //   personaplex-verify mimi --config C --mimi WEIGHTS --io IO [--device cpu]
+//   personaplex-verify session --config C --mimi W --lm W --session S [--device cpu] [--teacher-forced]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "engine/golden_replay.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
+#include "ppx/lm.h"
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
@@ -65,6 +68,25 @@ nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::st
   return j;
 }
 
+nlohmann::ordered_json verify_session(const std::string& config_path, const std::string& mimi_path,
+                                      const std::string& lm_path, const std::string& session_path, bool teacher_forced) {
+  const ppx::ModelConfig cfg = ppx::load_config(config_path);
+  if (!cfg.lm || !cfg.lm_gen) throw ppx::Error("config '" + config_path + "' has no lm / lm_gen section");
+  ppx::FileWeights mw(std::make_shared<const ppx::SafeTensors>(mimi_path));
+  const ppx::Mimi mimi(cfg.mimi, mw);
+  ppx::FileWeights lw(std::make_shared<const ppx::SafeTensors>(lm_path));
+  const ppx::Lm lm(*cfg.lm, lw);
+  const ppx::SafeTensors session(session_path);
+  const ppx::ReplayReport r = ppx::replay_golden_session(lm, *cfg.lm_gen, &mimi, session, teacher_forced);
+  nlohmann::ordered_json j;
+  j["steps"] = r.steps;
+  j["text_logits_max_rel_l2"] = r.text_logits_max_rel_l2;
+  j["audio_logits_max_rel_l2"] = r.audio_logits_max_rel_l2;
+  j["out_token_agreement"] = r.out_token_agreement;
+  j["pcm_rel_l2"] = r.pcm_rel_l2 ? nlohmann::ordered_json(*r.pcm_rel_l2) : nlohmann::ordered_json(nullptr);
+  return j;
+}
+
 int verify(int argc, char** argv) {
   CLI::App app{"Replays golden reference vectors and prints agreement figures as one JSON line"};
   app.require_subcommand(1);
@@ -75,6 +97,16 @@ int verify(int argc, char** argv) {
   mimi->add_option("--io", io, "golden io file (.safetensors with pcm_in, codes, pcm_out)")
       ->required()->check(CLI::ExistingFile);
   mimi->add_option("--device", device, "cpu or cuda")->capture_default_str();
+  std::string lm_w, session_path;
+  bool teacher_forced = false;
+  auto* session = app.add_subcommand("session", "Replay a golden LM session (greedy) and compare logits, tokens, audio");
+  session->add_option("--config", config, "model config JSON")->required()->check(CLI::ExistingFile);
+  session->add_option("--mimi", mimi_w, "Mimi weights (.safetensors)")->required()->check(CLI::ExistingFile);
+  session->add_option("--lm", lm_w, "LM weights (.safetensors)")->required()->check(CLI::ExistingFile);
+  session->add_option("--session", session_path, "golden session (.safetensors)")->required()->check(CLI::ExistingFile);
+  session->add_option("--device", device, "cpu or cuda")->capture_default_str();
+  session->add_flag("--teacher-forced", teacher_forced,
+                    "take each sampled token from the golden logits' argmax, so the token history cannot diverge");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,6 +115,7 @@ int verify(int argc, char** argv) {
   check_device(device);
   nlohmann::ordered_json out;
   if (*mimi) out = verify_mimi(config, mimi_w, io);
+  if (*session) out = verify_session(config, mimi_w, lm_w, session_path, teacher_forced);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -271,8 +271,15 @@ int SeanetConfig::hop_length() const {
 int MimiConfig::frame_samples() const { return static_cast<int>(std::lround(sample_rate / frame_rate)); }
 int MimiConfig::encoder_stride() const { return frame_samples() / seanet.hop_length(); }
 
-int LmConfig::ffn_hidden() const { return 2 * static_cast<int>(hidden_scale * dim) / 3; }
-int LmConfig::depformer_ffn_hidden() const { return 2 * depformer_dim_feedforward / 3; }
+namespace {
+// Upstream ActivationGating: 21/8 of the model width when dim_feedforward is 4x, else 2/3 of it.
+int gating_hidden(int dim, int dim_feedforward) {
+  return dim_feedforward == 4 * dim ? (21 * dim) / 8 : (2 * dim_feedforward) / 3;
+}
+}  // namespace
+
+int LmConfig::ffn_hidden() const { return gating_hidden(dim, static_cast<int>(hidden_scale * dim)); }
+int LmConfig::depformer_ffn_hidden() const { return gating_hidden(depformer_dim, depformer_dim_feedforward); }
 int LmConfig::max_delay() const {
   int m = 0;
   for (int d : delays) m = std::max(m, d);

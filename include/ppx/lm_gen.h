@@ -1,0 +1,89 @@
+// Generation state of one conversation (upstream LMGen): the delayed token cache, the `provided`
+// flags, forced vs sampled tokens, when output frames start and which cache columns form them.
+//
+// Streams: 0 text, 1..n_q/2 agent audio codebooks, n_q/2+1..n_q user audio codebooks. The cache is
+// a ring of max_delay + 3 columns; the token of real frame f for stream k lives in column
+// (f + delay_k) mod CT. No model call happens at t = 0; outputs start at t = max_delay + 1.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "ppx/config.h"
+#include "ppx/lm.h"
+
+namespace ppx {
+
+// Upstream sample_token: greedy argmax (first index wins ties) when sampling is off or temp <= 0;
+// otherwise softmax(logits / temp), keep the top_k most likely (0 = all), and draw by the
+// exponential race argmax(p_j / e_j), e_j ~ Exp(1). Seeded, so a run is reproducible.
+class Sampler : public TokenChooser {
+ public:
+  Sampler(const LmGenConfig& c, uint64_t seed);
+  int text(const float* logits, int n) override;
+  int audio(int step, const float* logits, int n) override;
+  static int argmax(const float* logits, int n);
+
+ private:
+  int sample(const float* logits, int n, double temp, int top_k);
+  bool use_sampling_;
+  double temp_, temp_text_;
+  int top_k_, top_k_text_;
+  std::mt19937_64 rng_;
+  std::vector<float> probs_;
+  std::vector<int> idx_;
+};
+
+// Logits of one step, when asked for: text [text_card], audio [dep_q * card].
+struct StepLogits {
+  std::vector<float> text, audio;
+};
+
+class LmGen {
+ public:
+  // `lm` must outlive this object. `dep_steps`: depformer steps to run (dep_q = upstream).
+  LmGen(const Lm& lm, const LmGenConfig& gen, TokenChooser& chooser, int dep_steps = -1);
+
+  // One step. user/agent: [n_q/2] tokens or nullptr (not provided); text: provided text token.
+  // Returns the completed frame [n_q + 1] (text, agent, user) once outputs have started, else
+  // nullopt. `logits` (optional) receives this step's logits when a model call happened.
+  std::optional<std::vector<int64_t>> step(const int64_t* user, const int64_t* agent, std::optional<int64_t> text,
+                                           StepLogits* logits = nullptr);
+  // Voice-prompt replay: as step() with dummy provided tokens (initial audio, text = zero_text_code)
+  // but feeding `embedding` [dim] to the temporal transformer instead of the cache column.
+  void step_embedding(const float* embedding);
+  // Overwrites the token cache ([n_q + 1, CT] row-major), as after a .pt voice replay.
+  void set_cache(const std::vector<int64_t>& cache);
+  const std::vector<int64_t>& cache() const { return cache_; }
+  int64_t offset() const { return offset_; }
+  int cache_columns() const { return ct_; }
+  // Back to t = 0 with an empty KV cache and no provided flags (the token cache is kept, as
+  // upstream: every column is rewritten before it is read).
+  void reset();
+
+ private:
+  struct Prepared {
+    int in_col, tgt_col;
+  };
+  std::optional<Prepared> prepare(const int64_t* user, const int64_t* agent, std::optional<int64_t> text);
+  std::optional<std::vector<int64_t>> finish(const Prepared& p, const float* x, StepLogits* logits);
+  int64_t& at(int k, int col) { return cache_[static_cast<size_t>(k) * ct_ + col]; }
+  uint8_t& prov(int k, int col) { return provided_[static_cast<size_t>(k) * ct_ + col]; }
+
+  const Lm& lm_;
+  LmGenConfig gen_;
+  TokenChooser& chooser_;
+  int dep_steps_;
+  int K_, ct_, max_delay_, half_;
+  std::vector<int> delays_;
+  std::vector<int64_t> initial_;
+  std::vector<int64_t> cache_;
+  std::vector<uint8_t> provided_;  // [n_q + 1, CT] flags
+  int64_t offset_ = 0;
+  LmState state_;
+};
+
+}  // namespace ppx

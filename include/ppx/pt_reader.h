@@ -1,0 +1,38 @@
+// Safe reader for PyTorch `torch.save` archives holding a dict of tensors (voice prompt files).
+//
+// A `torch.save` file is a zip archive (stored entries, one top-level folder `<prefix>/`) holding
+// `data.pkl`, a pickle, and one entry `data/<key>` per storage. The pickle is interpreted by a
+// small stack machine that knows only the opcodes torch emits and only an allowlist of globals:
+// `collections.OrderedDict`, `torch._utils._rebuild_tensor_v2` and the typed storage classes
+// `torch.{Float,Half,BFloat16,Long,Int,Byte,Bool}Storage`. Nothing is imported, called or executed;
+// any other global, opcode or structure is refused with a ppx::Error naming the file.
+//
+// Storage locations (`cpu`, `cuda:0`, ...) are ignored: the bytes are read from the archive, so no
+// GPU is needed. Every zip offset and size, storage size, tensor offset and stride is checked
+// before use; CRC32 of every entry read is verified; element counts, pickle size, memo and nesting
+// depth are capped so a hostile file cannot exhaust memory or the call stack. Zip64 archives (those
+// that actually need Zip64 fields) and compressed entries are refused. Little-endian hosts only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ppx/dtype.h"
+
+namespace ppx {
+
+struct PtTensor {
+  DType dtype;                 // storage dtype as saved
+  std::vector<int64_t> shape;  // sizes, outermost first; data below is contiguous row-major
+  std::vector<float> f32;      // filled for F32/F16/BF16 (exact conversion); empty otherwise
+  std::vector<int64_t> i64;    // filled for I64/I32/U8/Bool (Bool as 0/1); empty otherwise
+};
+
+// Reads a torch.save archive whose top-level pickle object is a dict or collections.OrderedDict
+// mapping str -> tensor. Tensors are gathered from their storage honoring storage offset and
+// strides. Throws ppx::Error naming the file and what was unexpected.
+std::map<std::string, PtTensor> read_pt_tensors(const std::string& path);
+
+}  // namespace ppx

@@ -1,0 +1,41 @@
+// Resolves the model flags shared by the tools (offline, server, bench): a Hugging Face snapshot
+// directory (--hf-dir), explicit weight and tokenizer paths, or the embedded tiny demo model that
+// the project generates deterministically (random weights, no file needed).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "ppx/config.h"
+#include "ppx/lm.h"
+#include "ppx/mimi.h"
+#include "ppx/tokenizer.h"
+
+namespace ppx::app {
+
+struct ModelFlags {
+  std::string hf_dir, config, lm, mimi, tokenizer, device = "cpu";
+  uint64_t demo_seed = 20261202;
+  void add_to(CLI::App& app);
+};
+
+struct LoadedModel {
+  ModelConfig cfg;
+  std::string description;  // what was loaded, for logs and /health
+  std::unique_ptr<Mimi> mimi;
+  std::unique_ptr<Lm> lm;
+  std::unique_ptr<TextTokenizer> tokenizer;
+  std::string voice_dir;  // <hf-dir>/voices when a snapshot was given
+};
+
+// Loads everything; throws ppx::Error with a clear message on any missing or bad file.
+LoadedModel load_model(const ModelFlags& f);
+
+// File names inside a `nvidia/personaplex-7b-v1` snapshot.
+inline constexpr const char* kHfLmFile = "model.safetensors";
+inline constexpr const char* kHfMimiFile = "tokenizer-e351c8d8-checkpoint125.safetensors";
+inline constexpr const char* kHfTokenizerFile = "tokenizer_spm_32k_3.model";
+inline constexpr const char* kHfVoiceDir = "voices";
+
+}  // namespace ppx::app

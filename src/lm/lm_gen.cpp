@@ -1,0 +1,169 @@
+#include "ppx/lm_gen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "ppx/error.h"
+
+namespace ppx {
+
+Sampler::Sampler(const LmGenConfig& c, uint64_t seed)
+    : use_sampling_(c.use_sampling),
+      temp_(c.temp),
+      temp_text_(c.temp_text),
+      top_k_(c.top_k),
+      top_k_text_(c.top_k_text),
+      rng_(seed) {}
+
+int Sampler::argmax(const float* logits, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+int Sampler::text(const float* logits, int n) { return sample(logits, n, temp_text_, top_k_text_); }
+int Sampler::audio(int, const float* logits, int n) { return sample(logits, n, temp_, top_k_); }
+
+int Sampler::sample(const float* logits, int n, double temp, int top_k) {
+  if (!use_sampling_ || temp <= 0.0) return argmax(logits, n);
+  probs_.resize(n);
+  const float t = static_cast<float>(temp);
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i] / t);
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) sum += (probs_[i] = std::exp(logits[i] / t - mx));
+  for (int i = 0; i < n; ++i) probs_[i] /= sum;
+  idx_.resize(n);
+  std::iota(idx_.begin(), idx_.end(), 0);
+  int m = n;
+  if (top_k > 0 && top_k < n) {
+    m = top_k;
+    std::partial_sort(idx_.begin(), idx_.begin() + m, idx_.end(), [&](int a, int b) {
+      return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
+    });
+  }
+  // Exponential race: argmax p / e with e ~ Exp(1) is a draw from the categorical p.
+  std::exponential_distribution<double> exp1(1.0);
+  int best = idx_[0];
+  double best_score = -1.0;
+  for (int j = 0; j < m; ++j) {
+    const double score = probs_[idx_[j]] / exp1(rng_);
+    if (score > best_score) {
+      best_score = score;
+      best = idx_[j];
+    }
+  }
+  return best;
+}
+
+LmGen::LmGen(const Lm& lm, const LmGenConfig& gen, TokenChooser& chooser, int dep_steps)
+    : lm_(lm), gen_(gen), chooser_(chooser) {
+  const LmConfig& c = lm.config();
+  dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
+  K_ = c.n_q + 1;
+  half_ = c.n_q / 2;
+  delays_ = c.delays;
+  max_delay_ = c.max_delay();
+  ct_ = max_delay_ + 3;
+  initial_.assign(K_, c.card);
+  initial_[0] = c.text_card;
+  cache_.assign(static_cast<size_t>(K_) * ct_, -2);
+  provided_.assign(static_cast<size_t>(K_) * ct_, 0);
+  lm_.init_state(state_);
+}
+
+void LmGen::reset() {
+  offset_ = 0;
+  std::fill(provided_.begin(), provided_.end(), 0);
+  lm_.init_state(state_);
+}
+
+void LmGen::set_cache(const std::vector<int64_t>& cache) {
+  if (cache.size() != cache_.size()) {
+    throw Error("token cache has " + std::to_string(cache.size()) + " entries, expected " +
+                std::to_string(K_) + " x " + std::to_string(ct_));
+  }
+  cache_ = cache;
+}
+
+std::optional<LmGen::Prepared> LmGen::prepare(const int64_t* user, const int64_t* agent,
+                                              std::optional<int64_t> text) {
+  auto write = [&](int k, int64_t tok) {
+    const int col = static_cast<int>((offset_ + delays_[k]) % ct_);
+    at(k, col) = tok;
+    prov(k, col) = 1;
+  };
+  if (user) for (int i = 0; i < half_; ++i) write(half_ + 1 + i, user[i]);
+  if (agent) for (int i = 0; i < half_; ++i) write(1 + i, agent[i]);
+  if (text) write(0, *text);
+  for (int k = 0; k < K_; ++k) {
+    if (offset_ <= delays_[k]) {
+      at(k, static_cast<int>(offset_ % ct_)) = initial_[k];
+      prov(k, static_cast<int>(offset_ % ct_)) = 1;
+    }
+  }
+  if (offset_ == 0) {
+    for (int k = 0; k < K_; ++k) at(k, 0) = initial_[k];
+    offset_ = 1;
+    return std::nullopt;
+  }
+  return Prepared{static_cast<int>((offset_ - 1) % ct_), static_cast<int>(offset_ % ct_)};
+}
+
+std::optional<std::vector<int64_t>> LmGen::finish(const Prepared& p, const float* x, StepLogits* logits) {
+  const LmConfig& c = lm_.config();
+  const int S = c.dep_q;
+  std::vector<float> h(c.dim), text_logits(c.text_card);
+  lm_.temporal(state_, x, h.data(), text_logits.data());
+  const int64_t sampled_text = chooser_.text(text_logits.data(), c.text_card);
+  const int64_t next_text = prov(0, p.tgt_col) ? at(0, p.tgt_col) : sampled_text;
+  std::vector<int64_t> forced(S), sampled(S);
+  std::vector<uint8_t> forced_flag(S);
+  for (int s = 0; s < S; ++s) {
+    forced[s] = at(1 + s, p.tgt_col);
+    forced_flag[s] = prov(1 + s, p.tgt_col);
+  }
+  if (logits) {
+    logits->text = text_logits;
+    logits->audio.assign(static_cast<size_t>(S) * c.card, NAN);
+  }
+  lm_.depformer(h.data(), next_text, forced.data(), forced_flag.data(), chooser_, dep_steps_, sampled.data(),
+                logits ? logits->audio.data() : nullptr);
+  for (int k = 0; k < K_; ++k) prov(k, p.in_col) = 0;
+  if (!prov(0, p.tgt_col)) at(0, p.tgt_col) = sampled_text;
+  for (int s = 0; s < S; ++s) {
+    if (!prov(1 + s, p.tgt_col)) at(1 + s, p.tgt_col) = sampled[s];
+  }
+  if (offset_ <= max_delay_) {
+    ++offset_;
+    return std::nullopt;
+  }
+  std::vector<int64_t> out(S + 1);
+  for (int k = 0; k <= S; ++k) out[k] = at(k, static_cast<int>((offset_ - max_delay_ + delays_[k]) % ct_));
+  ++offset_;
+  return out;
+}
+
+std::optional<std::vector<int64_t>> LmGen::step(const int64_t* user, const int64_t* agent,
+                                                std::optional<int64_t> text, StepLogits* logits) {
+  const auto p = prepare(user, agent, text);
+  if (!p) return std::nullopt;
+  std::vector<int64_t> column(K_);
+  for (int k = 0; k < K_; ++k) column[k] = at(k, p->in_col);
+  std::vector<float> x(lm_.config().dim);
+  lm_.embed(column.data(), x.data());
+  return finish(*p, x.data(), logits);
+}
+
+void LmGen::step_embedding(const float* embedding) {
+  std::vector<int64_t> dummy(half_, lm_.config().card);
+  std::optional<Prepared> p;
+  while (!(p = prepare(dummy.data(), dummy.data(), gen_.zero_text_code))) {
+  }
+  finish(*p, embedding, nullptr);
+}
+
+}  // namespace ppx
