@@ -10,6 +10,8 @@
 
 #include "ppx/error.h"
 
+extern const char* const ppx_git_commit;
+
 namespace ppx::app {
 
 nlohmann::ordered_json latency_stats(std::vector<double> ms) {
@@ -45,7 +47,7 @@ nlohmann::ordered_json machine_info() {
   j["cpu_threads"] = std::thread::hardware_concurrency();
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) == 0) j["host"] = host;
-  j["commit"] = PPX_GIT_COMMIT;
+  j["commit"] = ppx_git_commit;
   j["version"] = PPX_VERSION;
   return j;
 }
