@@ -9,9 +9,11 @@
 //
 // Storage locations (`cpu`, `cuda:0`, ...) are ignored: the bytes are read from the archive, so no
 // GPU is needed. Every zip offset and size, storage size, tensor offset and stride is checked
-// before use; CRC32 of every entry read is verified; element counts, pickle size, memo and nesting
-// depth are capped so a hostile file cannot exhaust memory or the call stack. Zip64 archives (those
-// that actually need Zip64 fields) and compressed entries are refused. Little-endian hosts only.
+// before use; CRC32 of every entry read is verified. Pickle size (16 MiB), stack, memo, tuple and
+// nesting sizes are capped so a hostile file cannot exhaust memory or the call stack, and tensors
+// hold at most 2^31 elements in total (stride-0 views can expand a small storage up to that).
+// Zip64 archives (those that actually need Zip64 fields) and compressed entries are refused.
+// Little-endian hosts only.
 #pragma once
 
 #include <cstdint>

@@ -20,15 +20,17 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "pt_reader assumes a little-endian host");
 
-constexpr uint64_t kMaxFileBytes = (4ull << 30) + (1ull << 20);  // beyond this a zip needs Zip64
-constexpr uint64_t kMaxPickleBytes = 64ull << 20;
-constexpr int64_t kMaxElements = int64_t{1} << 31;  // per tensor, per storage and per file
+// Limits against hostile files; real voice prompts are far below all of them.
+constexpr uint64_t kMaxFileBytes = (4ull << 30) + (1ull << 20);  // more needs Zip64
+constexpr uint64_t kMaxPickleBytes = 16ull << 20;  // torch writes ~300 bytes per tensor
+constexpr int64_t kMaxElements = int64_t{1} << 31;  // per storage; also all tensors together
 constexpr size_t kMaxStack = 1 << 16;
 constexpr size_t kMaxMarks = 64;
 constexpr size_t kMaxMemo = 1 << 16;
-constexpr int kMaxDepth = 8;    // nesting of tuples (torch needs 2)
+constexpr size_t kMaxTupleItems = 1 << 20;  // all tuples together; torch needs ~20 per tensor
+constexpr int kMaxDepth = 8;                // nesting of tuples; torch needs 2
 constexpr size_t kMaxRank = 16;
-constexpr size_t kMaxLine = 256;  // GLOBAL module/name lines
+constexpr size_t kMaxLine = 256;  // GLOBAL module and name lines
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw Error("torch file '" + path + "': " + what);
@@ -112,8 +114,8 @@ void parse_zip(Archive* ar) {
   const uint8_t* b = ar->bytes.data();
   const uint64_t n = ar->bytes.size();
   if (n >= 2 && b[0] == 0x80 && b[1] <= 5) {
-    ar->fail("is a legacy (non-zip) torch.save file, which is not supported; re-save it with a "
-             "current PyTorch");
+    ar->fail("file is in the legacy (non-zip) torch.save format, which is not supported; "
+             "re-save it with a current PyTorch");
   }
   if (n < 22) ar->fail("file is " + std::to_string(n) + " bytes, too short for a zip archive");
   // End of central directory: the last signature whose comment ends exactly at the end of file.
@@ -296,6 +298,8 @@ class Unpickler {
     auto v = make_value(Kind::kTuple);
     for (const auto& it : items) v->depth = std::max(v->depth, it->depth + 1);
     if (v->depth > kMaxDepth) fail("tuples nest deeper than " + std::to_string(kMaxDepth));
+    tuple_items_ += items.size();
+    if (tuple_items_ > kMaxTupleItems) fail("tuples hold too many items in total");
     v->items = std::move(items);
     return v;
   }
@@ -316,6 +320,7 @@ class Unpickler {
   std::unordered_map<uint32_t, ValuePtr> memo_;
   std::map<std::string, ValuePtr> storages_;  // by key
   int64_t total_elements_ = 0;
+  size_t tuple_items_ = 0;
 };
 
 ValuePtr Unpickler::find_global(const std::string& module, const std::string& name) {
@@ -639,11 +644,10 @@ std::map<std::string, PtTensor> read_pt_tensors(const std::string& path) {
   for (const auto& kv : ar.entries) {
     const std::string& name = kv.first;
     const size_t slash = name.find('/');
-    if (slash != std::string::npos && slash > 0 && name.compare(slash, std::string::npos,
-                                                                "/data.pkl") == 0) {
-      if (!prefix.empty()) ar.fail("archive holds several data.pkl entries");
-      prefix = name.substr(0, slash + 1);
-    }
+    if (slash == 0 || slash == std::string::npos) continue;
+    if (name.compare(slash, std::string::npos, "/data.pkl") != 0) continue;
+    if (!prefix.empty()) ar.fail("archive holds several data.pkl entries");
+    prefix = name.substr(0, slash + 1);
   }
   if (prefix.empty()) ar.fail("archive has no <name>/data.pkl entry (not a torch.save file)");
   uint64_t n = 0;
@@ -652,15 +656,20 @@ std::map<std::string, PtTensor> read_pt_tensors(const std::string& path) {
     if (order != "little") ar.fail("byte order is " + printable(order) + ", not 'little'");
   }
   const uint8_t* pkl = ar.read(prefix + "data.pkl", &n);
-  if (n > kMaxPickleBytes) ar.fail("data.pkl is larger than 64 MiB");
+  if (n > kMaxPickleBytes) ar.fail("data.pkl is larger than 16 MiB");
 
   Unpickler unpickler(ar, prefix, pkl, n);
   const ValuePtr top = unpickler.run();
   if (top->kind != Kind::kDict) {
     ar.fail(std::string("top-level object is a ") + kind_name(top->kind) + ", not a dict");
   }
+  // Tensors move out; one stored under several keys is copied from where it went first.
   std::map<std::string, PtTensor> out;
-  for (const auto& kv : top->entries) out[kv.first] = kv.second->tensor;
+  std::map<const Value*, std::string> moved;
+  for (const auto& [key, value] : top->entries) {
+    const auto [it, first] = moved.emplace(value.get(), key);
+    out[key] = first ? std::move(value->tensor) : out.at(it->second);
+  }
   return out;
 }
 

@@ -1,0 +1,32 @@
+#include "backend/cuda/cuda_util.h"
+
+#include <cstdio>
+
+namespace ppx::cuda {
+
+void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
+              " at " + file + ":" + std::to_string(line));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error
+    return 0;
+  }
+  return n;
+}
+
+std::string device_description() {
+  int dev = 0;
+  PPX_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  PPX_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  char mem[32];
+  std::snprintf(mem, sizeof(mem), "%.1f", static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.multiProcessorCount) + " SMs, " + mem + " GiB)";
+}
+
+}  // namespace ppx::cuda
