@@ -29,6 +29,9 @@ struct Tiny {
   FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
   Mimi mimi{cfg.mimi, mw};
   SafeTensors session{test::data("session_tiny_a_cpu_fp32.safetensors")};
+  LmGenConfig greedy_cfg = [&] { LmGenConfig g = *cfg.lm_gen; g.use_sampling = false; return g; }();
+  Sampler greedy{greedy_cfg, 0};
+  CpuLmStepper stepper{lm, greedy};
 };
 
 }  // namespace
@@ -37,7 +40,7 @@ struct Tiny {
 // frames, 3 silence, 6 text-prompt tokens, 3 silence, 20 user frames). See tests/data/README.md.
 TEST(LmGolden, FreeRunningGreedyMatchesEveryStep) {
   Tiny t;
-  const ReplayReport r = replay_golden_session(t.lm, *t.cfg.lm_gen, &t.mimi, t.session, /*teacher_forced=*/false);
+  const ReplayReport r = replay_golden_session(t.stepper, *t.cfg.lm_gen, &t.mimi, t.session, /*teacher_forced=*/false);
   EXPECT_EQ(r.steps, 38);
   EXPECT_EQ(r.out_token_agreement, 1.0);
   EXPECT_LE(r.text_logits_max_rel_l2, 1e-4);
@@ -54,7 +57,7 @@ TEST(LmGolden, FreeRunningGreedyMatchesEveryStep) {
 
 TEST(LmGolden, TeacherForcedLogits) {
   Tiny t;
-  const ReplayReport r = replay_golden_session(t.lm, *t.cfg.lm_gen, nullptr, t.session, /*teacher_forced=*/true);
+  const ReplayReport r = replay_golden_session(t.stepper, *t.cfg.lm_gen, nullptr, t.session, /*teacher_forced=*/true);
   EXPECT_LE(r.text_logits_max_rel_l2, 1e-4);
   EXPECT_LE(r.audio_logits_max_rel_l2, 1e-4);
   EXPECT_EQ(r.out_token_agreement, 1.0);
@@ -175,7 +178,7 @@ TEST(LmGolden, PtVoiceReplayReproducesTheSession) {
     const VoiceEmbeddings v = load_voice_embeddings(test::data(name));
     EXPECT_EQ(v.n, 5);
     EXPECT_EQ(v.dim, 128);
-    const ReplayReport r = replay_golden_session(t.lm, *t.cfg.lm_gen, &t.mimi, t.session, false, &v);
+    const ReplayReport r = replay_golden_session(t.stepper, *t.cfg.lm_gen, &t.mimi, t.session, false, &v);
     EXPECT_EQ(r.first_step, 6);
     EXPECT_EQ(r.out_token_agreement, 1.0);
     // The fp32 file matches to fp32 precision; the bf16 one (made by the CUDA bf16 model) is a

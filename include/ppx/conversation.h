@@ -63,6 +63,7 @@ class Conversation {
   const Lm& lm_;
   LmGenConfig cfg_;
   Sampler sampler_;
+  CpuLmStepper stepper_;
   LmGen gen_;
   MimiState mimi_state_;
 };

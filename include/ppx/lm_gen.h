@@ -42,16 +42,58 @@ struct StepLogits {
   std::vector<float> text, audio;
 };
 
+// One model call of the generation loop, as the backend sees it.
+struct StepRequest {
+  const int64_t* input = nullptr;      // [K] cache column t-1 (model input), unless `embedding`
+  const float* embedding = nullptr;    // [dim] a replayed voice-prompt embedding, or nullptr
+  const int64_t* target = nullptr;     // [K] cache column t
+  const uint8_t* provided = nullptr;   // [K] which entries of `target` are provided (forced)
+  const int64_t* force = nullptr;      // [1 + dep_q] teacher forcing: use these as the sampled
+                                       // tokens (-1 = sample), or nullptr
+};
+
+struct StepResult {
+  int64_t text = 0;            // sampled text token
+  std::vector<int64_t> audio;  // [dep_q] sampled audio tokens (-1 for skipped depformer steps)
+};
+
+// Computes model calls: temporal transformer, text sampling, depformer. Holds the per-session
+// model state (KV cache). Implemented by the CPU reference and by the CUDA engine.
+class LmStepper {
+ public:
+  virtual ~LmStepper() = default;
+  virtual const LmConfig& config() const = 0;
+  virtual void reset() = 0;  // empty KV cache, position 0
+  virtual void run(const StepRequest& req, StepResult& out, StepLogits* logits) = 0;
+};
+
+// The CPU reference stepper: ppx::Lm in fp32, tokens chosen by a TokenChooser.
+class CpuLmStepper : public LmStepper {
+ public:
+  // `lm` and `chooser` must outlive this object. dep_steps < 0: all dep_q steps (upstream).
+  CpuLmStepper(const Lm& lm, TokenChooser& chooser, int dep_steps = -1);
+  const LmConfig& config() const override;
+  void reset() override;
+  void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
+
+ private:
+  const Lm& lm_;
+  TokenChooser& chooser_;
+  int dep_steps_;
+  LmState state_;
+};
+
 class LmGen {
  public:
-  // `lm` must outlive this object. `dep_steps`: depformer steps to run (dep_q = upstream).
-  LmGen(const Lm& lm, const LmGenConfig& gen, TokenChooser& chooser, int dep_steps = -1);
+  // `stepper` must outlive this object.
+  LmGen(LmStepper& stepper, const LmGenConfig& gen);
 
   // One step. user/agent: [n_q/2] tokens or nullptr (not provided); text: provided text token.
-  // Returns the completed frame [n_q + 1] (text, agent, user) once outputs have started, else
-  // nullopt. `logits` (optional) receives this step's logits when a model call happened.
+  // Returns the completed frame [dep_q + 1] (text, agent, user) once outputs have started, else
+  // nullopt. `logits` (optional) receives this step's logits when a model call happened. `force`
+  // ([1 + dep_q], -1 = sample) overrides the sampled tokens (teacher forcing).
   std::optional<std::vector<int64_t>> step(const int64_t* user, const int64_t* agent, std::optional<int64_t> text,
-                                           StepLogits* logits = nullptr);
+                                           StepLogits* logits = nullptr, const int64_t* force = nullptr);
   // Voice-prompt replay: as step() with dummy provided tokens (initial audio, text = zero_text_code)
   // but feeding `embedding` [dim] to the temporal transformer instead of the cache column.
   void step_embedding(const float* embedding);
@@ -69,21 +111,19 @@ class LmGen {
     int in_col, tgt_col;
   };
   std::optional<Prepared> prepare(const int64_t* user, const int64_t* agent, std::optional<int64_t> text);
-  std::optional<std::vector<int64_t>> finish(const Prepared& p, const float* x, StepLogits* logits);
+  std::optional<std::vector<int64_t>> finish(const Prepared& p, const float* embedding, StepLogits* logits,
+                                             const int64_t* force);
   int64_t& at(int k, int col) { return cache_[static_cast<size_t>(k) * ct_ + col]; }
   uint8_t& prov(int k, int col) { return provided_[static_cast<size_t>(k) * ct_ + col]; }
 
-  const Lm& lm_;
+  LmStepper& stepper_;
   LmGenConfig gen_;
-  TokenChooser& chooser_;
-  int dep_steps_;
-  int K_, ct_, max_delay_, half_;
+  int K_, ct_, max_delay_, half_, dep_q_;
   std::vector<int> delays_;
   std::vector<int64_t> initial_;
   std::vector<int64_t> cache_;
   std::vector<uint8_t> provided_;  // [n_q + 1, CT] flags
   int64_t offset_ = 0;
-  LmState state_;
 };
 
 }  // namespace ppx

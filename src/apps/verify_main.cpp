@@ -76,8 +76,12 @@ nlohmann::ordered_json verify_session(const std::string& config_path, const std:
   const ppx::Mimi mimi(cfg.mimi, mw);
   ppx::FileWeights lw(std::make_shared<const ppx::SafeTensors>(lm_path));
   const ppx::Lm lm(*cfg.lm, lw);
+  ppx::LmGenConfig greedy_cfg = *cfg.lm_gen;
+  greedy_cfg.use_sampling = false;
+  ppx::Sampler greedy(greedy_cfg, 0);
+  ppx::CpuLmStepper stepper(lm, greedy);
   const ppx::SafeTensors session(session_path);
-  const ppx::ReplayReport r = ppx::replay_golden_session(lm, *cfg.lm_gen, &mimi, session, teacher_forced);
+  const ppx::ReplayReport r = ppx::replay_golden_session(stepper, *cfg.lm_gen, &mimi, session, teacher_forced);
   nlohmann::ordered_json j;
   j["steps"] = r.steps;
   j["text_logits_max_rel_l2"] = r.text_logits_max_rel_l2;

@@ -23,7 +23,7 @@ static_assert(std::endian::native == std::endian::little, "pt_reader assumes a l
 // Limits against hostile files; real voice prompts are far below all of them.
 constexpr uint64_t kMaxFileBytes = (4ull << 30) + (1ull << 20);  // more needs Zip64
 constexpr uint64_t kMaxPickleBytes = 16ull << 20;  // torch writes ~300 bytes per tensor
-constexpr int64_t kMaxElements = int64_t{1} << 31;  // per storage; also all tensors together
+constexpr int64_t kMaxElements = int64_t{1} << 28;  // per storage; also all tensors together (real voices: ~1M)
 constexpr size_t kMaxStack = 1 << 16;
 constexpr size_t kMaxMarks = 64;
 constexpr size_t kMaxMemo = 1 << 16;
@@ -442,11 +442,11 @@ ValuePtr Unpickler::rebuild_tensor(const std::vector<ValuePtr>& a) {
     t.shape.push_back(sizes[d]->i);
     stride.push_back(strides[d]->i);
     if (__builtin_mul_overflow(numel, sizes[d]->i, &numel) || numel > kMaxElements) {
-      fail(what + ": more than 2^31 elements");
+      fail(what + ": more than 2^28 elements");
     }
   }
   total_elements_ += numel;
-  if (total_elements_ > kMaxElements) fail("the file holds more than 2^31 tensor elements");
+  if (total_elements_ > kMaxElements) fail("the file holds more than 2^28 tensor elements");
   if (offset < 0 || offset > st.numel) {
     fail(what + ": storage offset " + std::to_string(offset) + " is outside a storage of " +
          std::to_string(st.numel));

@@ -39,7 +39,7 @@ int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silenc
 }
 
 Conversation::Conversation(const Mimi& mimi, const Lm& lm, const LmGenConfig& gen, uint64_t seed, int dep_steps)
-    : mimi_(mimi), lm_(lm), cfg_(gen), sampler_(gen, seed), gen_(lm, gen, sampler_, dep_steps) {}
+    : mimi_(mimi), lm_(lm), cfg_(gen), sampler_(gen, seed), stepper_(lm, sampler_, dep_steps), gen_(stepper_, gen) {}
 
 bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step) {
   const LmConfig& c = lm_.config();

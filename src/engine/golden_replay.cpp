@@ -28,28 +28,6 @@ bool all_finite(const float* x, int64_t n) {
   return true;
 }
 
-// Picks the argmax of the golden logits of the current step; falls back to the model's own argmax
-// where the golden has none.
-class TeacherChooser : public TokenChooser {
- public:
-  TeacherChooser(const std::vector<float>& text, const std::vector<float>& audio, int V, int S, int card)
-      : text_(text), audio_(audio), V_(V), S_(S), card_(card) {}
-  void set_step(int i) { step_ = i; }
-  int text(const float* logits, int n) override {
-    const float* g = text_.data() + static_cast<size_t>(step_) * V_;
-    return all_finite(g, V_) ? Sampler::argmax(g, V_) : Sampler::argmax(logits, n);
-  }
-  int audio(int s, const float* logits, int n) override {
-    const float* g = audio_.data() + (static_cast<size_t>(step_) * S_ + s) * card_;
-    return all_finite(g, card_) ? Sampler::argmax(g, card_) : Sampler::argmax(logits, n);
-  }
-
- private:
-  const std::vector<float>& text_;
-  const std::vector<float>& audio_;
-  int V_, S_, card_, step_ = 0;
-};
-
 void check_shape(const SafeTensors& f, const std::string& key, const std::vector<int64_t>& shape) {
   if (f.info(key).shape != shape) {
     throw Error("session file '" + f.path() + "': '" + key + "' has shape " + shape_str(f.info(key).shape) +
@@ -59,9 +37,9 @@ void check_shape(const SafeTensors& f, const std::string& key, const std::vector
 
 }  // namespace
 
-ReplayReport replay_golden_session(const Lm& lm, const LmGenConfig& gen_in, const Mimi* mimi, const SafeTensors& f,
-                                   bool teacher_forced, const VoiceEmbeddings* voice) {
-  const LmConfig& c = lm.config();
+ReplayReport replay_golden_session(LmStepper& stepper, const LmGenConfig& gen_in, const Mimi* mimi,
+                                   const SafeTensors& f, bool teacher_forced, const VoiceEmbeddings* voice) {
+  const LmConfig& c = stepper.config();
   const int half = c.n_q / 2, S = c.dep_q, K = c.dep_q + 1, V = c.text_card, card = c.card;
   const int64_t steps = f.info("step.user").shape.at(0);
   check_shape(f, "step.user", {steps, half});
@@ -77,10 +55,7 @@ ReplayReport replay_golden_session(const Lm& lm, const LmGenConfig& gen_in, cons
 
   LmGenConfig gen = gen_in;
   gen.use_sampling = false;  // goldens are greedy
-  Sampler greedy(gen, 0);
-  TeacherChooser teacher(text_ref, audio_ref, V, S, card);
-  TokenChooser& chooser = teacher_forced ? static_cast<TokenChooser&>(teacher) : greedy;
-  LmGen lg(lm, gen, chooser);
+  LmGen lg(stepper, gen);
 
   ReplayReport r;
   r.steps = static_cast<int>(steps);
@@ -98,11 +73,20 @@ ReplayReport replay_golden_session(const Lm& lm, const LmGenConfig& gen_in, cons
     auto opt = [&](const std::vector<int64_t>& v, int64_t row, int n) -> const int64_t* {
       return v[row * n] < 0 ? nullptr : v.data() + row * n;
     };
-    teacher.set_step(static_cast<int>(i));
+    // Teacher forcing: the golden argmax of this step wherever the golden has logits.
+    std::vector<int64_t> force(1 + S, -1);
+    if (teacher_forced) {
+      const float* tg = text_ref.data() + i * V;
+      if (all_finite(tg, V)) force[0] = Sampler::argmax(tg, V);
+      for (int s = 0; s < S; ++s) {
+        const float* ag = audio_ref.data() + (i * S + s) * card;
+        if (all_finite(ag, card)) force[1 + s] = Sampler::argmax(ag, card);
+      }
+    }
     std::optional<int64_t> text;
     if (text_in[i] >= 0) text = text_in[i];
     logits.text.clear();
-    const auto out = lg.step(opt(user, i, half), opt(moshi, i, half), text, &logits);
+    const auto out = lg.step(opt(user, i, half), opt(moshi, i, half), text, &logits, force.data());
     const float* tr = text_ref.data() + i * V;
     if (!logits.text.empty() && all_finite(tr, V)) {
       r.text_logits_max_rel_l2 = std::max(r.text_logits_max_rel_l2, rel_l2(logits.text.data(), tr, V));

@@ -17,7 +17,7 @@
 
 namespace ppx {
 
-class Lm;
+class LmStepper;
 class Mimi;
 class SafeTensors;
 
@@ -32,10 +32,12 @@ struct ReplayReport {
   std::vector<int64_t> out_tokens;     // frames returned after the prompts, [frames, K]
 };
 
-// teacher_forced: every sampled token is the argmax of the golden logits of that step (so the
-// token history cannot diverge); otherwise greedy on the model's own logits. With `voice`, the
-// voice-prompt steps are replaced by the embedding replay and comparison starts after them.
-ReplayReport replay_golden_session(const Lm& lm, const LmGenConfig& gen, const Mimi* mimi, const SafeTensors& session,
-                                   bool teacher_forced, const VoiceEmbeddings* voice = nullptr);
+// `stepper` must choose tokens greedily (argmax). teacher_forced: every sampled token is the
+// argmax of the golden logits of that step (so the token history cannot diverge); otherwise the
+// model's own greedy choice. With `voice`, the voice-prompt steps are replaced by the embedding
+// replay and comparison starts after them. `mimi` (optional) decodes the output frames.
+ReplayReport replay_golden_session(LmStepper& stepper, const LmGenConfig& gen, const Mimi* mimi,
+                                   const SafeTensors& session, bool teacher_forced,
+                                   const VoiceEmbeddings* voice = nullptr);
 
 }  // namespace ppx

@@ -59,12 +59,60 @@ int Sampler::sample(const float* logits, int n, double temp, int top_k) {
   return best;
 }
 
-LmGen::LmGen(const Lm& lm, const LmGenConfig& gen, TokenChooser& chooser, int dep_steps)
-    : lm_(lm), gen_(gen), chooser_(chooser) {
-  const LmConfig& c = lm.config();
-  dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
+CpuLmStepper::CpuLmStepper(const Lm& lm, TokenChooser& chooser, int dep_steps)
+    : lm_(lm), chooser_(chooser), dep_steps_(dep_steps < 0 ? lm.config().dep_q : std::min(dep_steps, lm.config().dep_q)) {
+  lm_.init_state(state_);
+}
+
+const LmConfig& CpuLmStepper::config() const { return lm_.config(); }
+
+void CpuLmStepper::reset() { lm_.init_state(state_); }
+
+namespace {
+// Uses `force[i]` when given and >= 0, else asks the chooser.
+class ForcingChooser : public TokenChooser {
+ public:
+  ForcingChooser(TokenChooser& inner, const int64_t* force) : inner_(inner), force_(force) {}
+  int text(const float* l, int n) override {
+    return force_ && force_[0] >= 0 ? static_cast<int>(force_[0]) : inner_.text(l, n);
+  }
+  int audio(int s, const float* l, int n) override {
+    return force_ && force_[1 + s] >= 0 ? static_cast<int>(force_[1 + s]) : inner_.audio(s, l, n);
+  }
+
+ private:
+  TokenChooser& inner_;
+  const int64_t* force_;
+};
+}  // namespace
+
+void CpuLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* logits) {
+  const LmConfig& c = lm_.config();
+  const int S = c.dep_q;
+  std::vector<float> x(c.dim), h(c.dim), text_logits(c.text_card);
+  if (req.embedding) {
+    std::copy_n(req.embedding, c.dim, x.begin());
+  } else {
+    lm_.embed(req.input, x.data());
+  }
+  lm_.temporal(state_, x.data(), h.data(), text_logits.data());
+  ForcingChooser chooser(chooser_, req.force);
+  out.text = chooser.text(text_logits.data(), c.text_card);
+  const int64_t next_text = req.provided[0] ? req.target[0] : out.text;
+  out.audio.assign(S, -1);
+  if (logits) {
+    logits->text = text_logits;
+    logits->audio.assign(static_cast<size_t>(S) * c.card, NAN);
+  }
+  lm_.depformer(h.data(), next_text, req.target + 1, req.provided + 1, chooser, dep_steps_, out.audio.data(),
+                logits ? logits->audio.data() : nullptr);
+}
+
+LmGen::LmGen(LmStepper& stepper, const LmGenConfig& gen) : stepper_(stepper), gen_(gen) {
+  const LmConfig& c = stepper.config();
   K_ = c.n_q + 1;
   half_ = c.n_q / 2;
+  dep_q_ = c.dep_q;
   delays_ = c.delays;
   max_delay_ = c.max_delay();
   ct_ = max_delay_ + 3;
@@ -72,13 +120,13 @@ LmGen::LmGen(const Lm& lm, const LmGenConfig& gen, TokenChooser& chooser, int de
   initial_[0] = c.text_card;
   cache_.assign(static_cast<size_t>(K_) * ct_, -2);
   provided_.assign(static_cast<size_t>(K_) * ct_, 0);
-  lm_.init_state(state_);
+  stepper_.reset();
 }
 
 void LmGen::reset() {
   offset_ = 0;
   std::fill(provided_.begin(), provided_.end(), 0);
-  lm_.init_state(state_);
+  stepper_.reset();
 }
 
 void LmGen::set_cache(const std::vector<int64_t>& cache) {
@@ -113,57 +161,52 @@ std::optional<LmGen::Prepared> LmGen::prepare(const int64_t* user, const int64_t
   return Prepared{static_cast<int>((offset_ - 1) % ct_), static_cast<int>(offset_ % ct_)};
 }
 
-std::optional<std::vector<int64_t>> LmGen::finish(const Prepared& p, const float* x, StepLogits* logits) {
-  const LmConfig& c = lm_.config();
-  const int S = c.dep_q;
-  std::vector<float> h(c.dim), text_logits(c.text_card);
-  lm_.temporal(state_, x, h.data(), text_logits.data());
-  const int64_t sampled_text = chooser_.text(text_logits.data(), c.text_card);
-  const int64_t next_text = prov(0, p.tgt_col) ? at(0, p.tgt_col) : sampled_text;
-  std::vector<int64_t> forced(S), sampled(S);
-  std::vector<uint8_t> forced_flag(S);
-  for (int s = 0; s < S; ++s) {
-    forced[s] = at(1 + s, p.tgt_col);
-    forced_flag[s] = prov(1 + s, p.tgt_col);
+std::optional<std::vector<int64_t>> LmGen::finish(const Prepared& p, const float* embedding, StepLogits* logits,
+                                                  const int64_t* force) {
+  std::vector<int64_t> in(K_), tgt(K_);
+  std::vector<uint8_t> pv(K_);
+  for (int k = 0; k < K_; ++k) {
+    in[k] = at(k, p.in_col);
+    tgt[k] = at(k, p.tgt_col);
+    pv[k] = prov(k, p.tgt_col);
   }
-  if (logits) {
-    logits->text = text_logits;
-    logits->audio.assign(static_cast<size_t>(S) * c.card, NAN);
-  }
-  lm_.depformer(h.data(), next_text, forced.data(), forced_flag.data(), chooser_, dep_steps_, sampled.data(),
-                logits ? logits->audio.data() : nullptr);
+  StepRequest req;
+  req.input = in.data();
+  req.embedding = embedding;
+  req.target = tgt.data();
+  req.provided = pv.data();
+  req.force = force;
+  StepResult r;
+  stepper_.run(req, r, logits);
   for (int k = 0; k < K_; ++k) prov(k, p.in_col) = 0;
-  if (!prov(0, p.tgt_col)) at(0, p.tgt_col) = sampled_text;
-  for (int s = 0; s < S; ++s) {
-    if (!prov(1 + s, p.tgt_col)) at(1 + s, p.tgt_col) = sampled[s];
+  if (!prov(0, p.tgt_col)) at(0, p.tgt_col) = r.text;
+  for (int s = 0; s < dep_q_; ++s) {
+    if (!prov(1 + s, p.tgt_col)) at(1 + s, p.tgt_col) = r.audio[s];
   }
   if (offset_ <= max_delay_) {
     ++offset_;
     return std::nullopt;
   }
-  std::vector<int64_t> out(S + 1);
-  for (int k = 0; k <= S; ++k) out[k] = at(k, static_cast<int>((offset_ - max_delay_ + delays_[k]) % ct_));
+  std::vector<int64_t> out(dep_q_ + 1);
+  for (int k = 0; k <= dep_q_; ++k) out[k] = at(k, static_cast<int>((offset_ - max_delay_ + delays_[k]) % ct_));
   ++offset_;
   return out;
 }
 
 std::optional<std::vector<int64_t>> LmGen::step(const int64_t* user, const int64_t* agent,
-                                                std::optional<int64_t> text, StepLogits* logits) {
+                                                std::optional<int64_t> text, StepLogits* logits,
+                                                const int64_t* force) {
   const auto p = prepare(user, agent, text);
   if (!p) return std::nullopt;
-  std::vector<int64_t> column(K_);
-  for (int k = 0; k < K_; ++k) column[k] = at(k, p->in_col);
-  std::vector<float> x(lm_.config().dim);
-  lm_.embed(column.data(), x.data());
-  return finish(*p, x.data(), logits);
+  return finish(*p, nullptr, logits, force);
 }
 
 void LmGen::step_embedding(const float* embedding) {
-  std::vector<int64_t> dummy(half_, lm_.config().card);
+  std::vector<int64_t> dummy(half_, stepper_.config().card);
   std::optional<Prepared> p;
   while (!(p = prepare(dummy.data(), dummy.data(), gen_.zero_text_code))) {
   }
-  finish(*p, embedding, nullptr);
+  finish(*p, embedding, nullptr, nullptr);
 }
 
 }  // namespace ppx
