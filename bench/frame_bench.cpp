@@ -11,6 +11,7 @@
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
+#include "engine/backend.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
 
@@ -20,9 +21,13 @@ int bench(int argc, char** argv) {
   CLI::App app{"Per-frame latency of the full conversation step (encode, LM, decode)"};
   ppx::app::ModelFlags mf;
   mf.add_to(app);
-  int frames = 500, warmup = 20;
+  int frames = 500, warmup = 20, dep_steps = -1;
   double soak_minutes = 0;
+  bool skip_other_mimi = false;
   std::string out;
+  app.add_flag("--skip-other-mimi", skip_other_mimi,
+               "do not run the second Mimi stream that the upstream server runs and discards");
+  app.add_option("--dep-q-exit", dep_steps, "depformer steps to run (-1: all, as upstream)");
   app.add_option("--frames", frames, "timed frames")->capture_default_str()->check(CLI::Range(1, 100000000));
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--soak", soak_minutes, "run for this many minutes instead of --frames")->check(CLI::Range(0.0, 1e6));
@@ -34,12 +39,19 @@ int bench(int argc, char** argv) {
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   ppx::LmGenConfig gen = *m.cfg.lm_gen;
-  ppx::Conversation conv(*m.mimi, *m.lm, gen, 42424242);
+  std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(0);
+  if (!skip_other_mimi) codec = std::make_unique<ppx::MirroredCodecStream>(std::move(codec), m.backend->codec_stream(1));
+  auto stepper = m.backend->lm_stepper(gen, 42424242, dep_steps);
+  ppx::Conversation conv(*codec, *stepper, gen);
   ppx::SystemPrompt prompt;
-  prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a helpful assistant."));
+  if (m.tokenizer) {
+    prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a wise and friendly teacher."));
+  } else {
+    for (int i = 0; i < 20; ++i) prompt.text_tokens.push_back(100 + i);  // no tokenizer with random weights
+  }
   conv.run_system_prompts(prompt);
 
-  const int fs = m.mimi->frame_samples();
+  const int fs = m.cfg.mimi.frame_samples();
   const double budget_ms = 1000.0 / m.cfg.mimi.frame_rate;
   std::vector<float> pcm(fs);
   std::vector<double> enc, lm, dec, total;
@@ -63,8 +75,8 @@ int bench(int argc, char** argv) {
   nlohmann::ordered_json j;
   j["bench"] = "frame";
   j["model"] = m.description;
-  j["device"] = mf.device;
-  j["flags"] = {{"dep_steps", m.cfg.lm->dep_q}, {"other_mimi", false}};
+  j["device"] = m.backend->device();
+  j["flags"] = {{"dep_steps", dep_steps < 0 ? m.cfg.lm->dep_q : dep_steps}, {"other_mimi", !skip_other_mimi}};
   j["frames"] = total.size();
   j["warmup"] = warmup;
   j["budget_ms"] = budget_ms;

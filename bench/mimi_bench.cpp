@@ -1,10 +1,12 @@
 // personaplex-bench-mimi: per-frame streaming encode and decode time of Mimi on the CPU (fp32
-// reference path), with random full-size weights by default. Writes JSON with machine, commit,
-// command. Warm-up frames are excluded.
+// reference path) or on CUDA (--device cuda: encode and decode each captured once in a CUDA graph,
+// graph replays timed with CUDA events), with random full-size weights by default. Writes JSON with
+// machine, commit, command. Warm-up frames are excluded.
 //
 //   personaplex-bench-mimi [--config configs/personaplex-7b.json] [--mimi W] [--frames N]
-//                          [--warmup N] [--out bench/results/x.json]
+//                          [--warmup N] [--device cpu|cuda] [--out bench/results/x.json]
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -16,8 +18,78 @@
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
+#ifdef PPX_HAVE_CUDA
+#include "backend/cuda/cuda_mimi.h"
+#include "backend/cuda/cuda_util.h"
+#endif
 
 namespace {
+
+// Test signal of frame f.
+void fill_frame(std::vector<float>& pcm, int f) {
+  const int fs = static_cast<int>(pcm.size());
+  for (int i = 0; i < fs; ++i) pcm[i] = 0.3f * std::sin(0.03f * (f * fs + i)) * std::sin(0.0007f * (f * fs + i));
+}
+
+#ifdef PPX_HAVE_CUDA
+// Times graph replays of one encode and one decode per frame; returns the GPU description.
+std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames, double* load_ms,
+                       std::vector<double>& enc, std::vector<double>& dec) {
+  using namespace ppx::cuda;
+  if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
+  const double t_load = ppx::app::now_ms();
+  CudaMimi mimi(c, w, 1);
+  *load_ms = ppx::app::now_ms() - t_load;
+  const int fs = mimi.frame_samples();
+  cudaStream_t s;
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DeviceBuffer<float> d_pcm(fs), d_out(fs);
+  DeviceBuffer<int32_t> d_codes(mimi.num_codebooks());
+  PinnedBuffer<float> h_pcm(fs);
+  cudaGraph_t g_enc, g_dec;
+  cudaGraphExec_t x_enc, x_dec;
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  mimi.encode(0, d_pcm.get(), d_codes.get(), s);
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g_enc));
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  mimi.decode(0, d_codes.get(), d_out.get(), s);
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g_dec));
+  PPX_CUDA_CHECK(cudaGraphInstantiate(&x_enc, g_enc, 0));
+  PPX_CUDA_CHECK(cudaGraphInstantiate(&x_dec, g_dec, 0));
+  cudaEvent_t e0, e1, e2;
+  PPX_CUDA_CHECK(cudaEventCreate(&e0));
+  PPX_CUDA_CHECK(cudaEventCreate(&e1));
+  PPX_CUDA_CHECK(cudaEventCreate(&e2));
+  std::vector<float> pcm(fs);
+  for (int f = 0; f < warmup + frames; ++f) {
+    fill_frame(pcm, f);
+    std::copy(pcm.begin(), pcm.end(), h_pcm.get());
+    PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm.get(), h_pcm.get(), fs * sizeof(float), cudaMemcpyHostToDevice, s));
+    PPX_CUDA_CHECK(cudaEventRecord(e0, s));
+    PPX_CUDA_CHECK(cudaGraphLaunch(x_enc, s));
+    PPX_CUDA_CHECK(cudaEventRecord(e1, s));
+    PPX_CUDA_CHECK(cudaGraphLaunch(x_dec, s));
+    PPX_CUDA_CHECK(cudaEventRecord(e2, s));
+    PPX_CUDA_CHECK(cudaEventSynchronize(e2));
+    float a = 0.f, b = 0.f;
+    PPX_CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+    PPX_CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+    if (f >= warmup) {
+      enc.push_back(a);
+      dec.push_back(b);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaEventDestroy(e2);
+  cudaGraphExecDestroy(x_enc);
+  cudaGraphExecDestroy(x_dec);
+  cudaGraphDestroy(g_enc);
+  cudaGraphDestroy(g_dec);
+  cudaStreamDestroy(s);
+  return device_description();
+}
+#endif
 
 int bench(int argc, char** argv) {
   CLI::App app{"Per-frame Mimi encode/decode timing on the CPU"};
@@ -29,6 +101,8 @@ int bench(int argc, char** argv) {
   app.add_option("--frames", frames, "timed frames")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--seed", seed, "random weight seed")->capture_default_str();
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--out", out, "write the JSON result here too");
   try {
     app.parse(argc, argv);
@@ -42,35 +116,46 @@ int bench(int argc, char** argv) {
   } else {
     w = std::make_unique<ppx::FileWeights>(std::make_shared<const ppx::SafeTensors>(weights));
   }
-  const double t_load = ppx::app::now_ms();
-  const ppx::Mimi mimi(cfg.mimi, *w);
-  const double load_ms = ppx::app::now_ms() - t_load;
-  const int fs = mimi.frame_samples();
-  ppx::MimiState st;
-  std::vector<float> pcm(fs), out_pcm(fs);
-  std::vector<int32_t> codes(mimi.num_codebooks());
+  double load_ms = 0;
   std::vector<double> enc, dec;
-  for (int f = 0; f < warmup + frames; ++f) {
-    for (int i = 0; i < fs; ++i) pcm[i] = 0.3f * std::sin(0.03f * (f * fs + i)) * std::sin(0.0007f * (f * fs + i));
-    const double t0 = ppx::app::now_ms();
-    mimi.encode(st, pcm.data(), codes.data());
-    const double t1 = ppx::app::now_ms();
-    mimi.decode(st, codes.data(), out_pcm.data());
-    const double t2 = ppx::app::now_ms();
-    if (f >= warmup) {
-      enc.push_back(t1 - t0);
-      dec.push_back(t2 - t1);
+  std::string gpu;
+  if (device == "cuda") {
+#ifdef PPX_HAVE_CUDA
+    gpu = bench_cuda(cfg.mimi, *w, warmup, frames, &load_ms, enc, dec);
+#else
+    throw ppx::Error("--device cuda: this build has no CUDA backend (configure with -DPPX_CUDA=ON)");
+#endif
+  } else {
+    const double t_load = ppx::app::now_ms();
+    const ppx::Mimi mimi(cfg.mimi, *w);
+    load_ms = ppx::app::now_ms() - t_load;
+    const int fs = mimi.frame_samples();
+    ppx::MimiState st;
+    std::vector<float> pcm(fs), out_pcm(fs);
+    std::vector<int32_t> codes(mimi.num_codebooks());
+    for (int f = 0; f < warmup + frames; ++f) {
+      fill_frame(pcm, f);
+      const double t0 = ppx::app::now_ms();
+      mimi.encode(st, pcm.data(), codes.data());
+      const double t1 = ppx::app::now_ms();
+      mimi.decode(st, codes.data(), out_pcm.data());
+      const double t2 = ppx::app::now_ms();
+      if (f >= warmup) {
+        enc.push_back(t1 - t0);
+        dec.push_back(t2 - t1);
+      }
+      std::fprintf(stderr, "\rframe %d/%d", f + 1, warmup + frames);
     }
-    std::fprintf(stderr, "\rframe %d/%d", f + 1, warmup + frames);
+    std::fprintf(stderr, "\n");
   }
-  std::fprintf(stderr, "\n");
   std::vector<double> total(enc.size());
   for (size_t i = 0; i < enc.size(); ++i) total[i] = enc[i] + dec[i];
   nlohmann::ordered_json j;
-  j["bench"] = "mimi_cpu_fp32";
+  j["bench"] = device == "cuda" ? "mimi_cuda_fp32_graph" : "mimi_cpu_fp32";
   j["config"] = config;
   j["weights"] = weights.empty() ? "random" : weights;
-  j["device"] = "cpu";
+  j["device"] = device;
+  if (!gpu.empty()) j["gpu"] = gpu;
   j["frames"] = frames;
   j["warmup"] = warmup;
   j["load_ms"] = load_ms;

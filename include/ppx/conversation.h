@@ -41,12 +41,40 @@ struct FrameOut {
   std::vector<int64_t> tokens;  // the whole frame [dep_q + 1]
 };
 
+// One session's codec stream: Mimi encode/decode with its streaming state, on some backend.
+class CodecStream {
+ public:
+  virtual ~CodecStream() = default;
+  virtual int frame_samples() const = 0;
+  virtual int num_codebooks() const = 0;
+  virtual void reset() = 0;
+  // pcm [frame_samples] -> codes [num_codebooks]
+  virtual void encode(const float* pcm, int32_t* codes) = 0;
+  // codes [num_codebooks] -> pcm [frame_samples]
+  virtual void decode(const int32_t* codes, float* pcm) = 0;
+};
+
+// The CPU reference codec stream.
+class CpuCodecStream : public CodecStream {
+ public:
+  explicit CpuCodecStream(const Mimi& mimi) : mimi_(mimi) {}
+  int frame_samples() const override { return mimi_.frame_samples(); }
+  int num_codebooks() const override { return mimi_.num_codebooks(); }
+  void reset() override { st_.reset(); }
+  void encode(const float* pcm, int32_t* codes) override { mimi_.encode(st_, pcm, codes); }
+  void decode(const int32_t* codes, float* pcm) override { mimi_.decode(st_, codes, pcm); }
+
+ private:
+  const Mimi& mimi_;
+  MimiState st_;
+};
+
 class Conversation {
  public:
-  // `mimi` and `lm` must outlive this object. seed: sampling seed.
-  Conversation(const Mimi& mimi, const Lm& lm, const LmGenConfig& gen, uint64_t seed, int dep_steps = -1);
+  // `codec` and `stepper` must outlive this object; they hold the session's model state.
+  Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen);
 
-  // Runs the four prompt phases (voice, silence, text, silence) and resets Mimi. Throws
+  // Runs the four prompt phases (voice, silence, text, silence) and resets the codec. Throws
   // ppx::Error when they would not fit in the LM context. `on_step(done, total)` reports progress
   // and may return false to abandon (client gone).
   bool run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step = {});
@@ -59,13 +87,10 @@ class Conversation {
   const LmGen& lm_gen() const { return gen_; }
 
  private:
-  const Mimi& mimi_;
-  const Lm& lm_;
+  CodecStream& codec_;
+  const LmConfig& lm_cfg_;
   LmGenConfig cfg_;
-  Sampler sampler_;
-  CpuLmStepper stepper_;
   LmGen gen_;
-  MimiState mimi_state_;
 };
 
 }  // namespace ppx

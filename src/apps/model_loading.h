@@ -1,30 +1,31 @@
 // Resolves the model flags shared by the tools (offline, server, bench): a Hugging Face snapshot
-// directory (--hf-dir), explicit weight and tokenizer paths, or the embedded tiny demo model that
-// the project generates deterministically (random weights, no file needed).
+// directory (--hf-dir), explicit weight and tokenizer paths, full-size random weights
+// (--random-weights, for benchmarks), or the embedded tiny demo model that the project generates
+// deterministically (random weights, no file needed); on the CPU or the CUDA backend.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 
+#include "engine/backend.h"
 #include "ppx/config.h"
-#include "ppx/lm.h"
-#include "ppx/mimi.h"
 #include "ppx/tokenizer.h"
 
 namespace ppx::app {
 
 struct ModelFlags {
   std::string hf_dir, config, lm, mimi, tokenizer, device = "cpu";
+  bool random_weights = false;
   uint64_t demo_seed = 20261202;
+  int codec_slots = 2;  // codec streams the CUDA backend preallocates
   void add_to(CLI::App& app);
 };
 
 struct LoadedModel {
   ModelConfig cfg;
   std::string description;  // what was loaded, for logs and /health
-  std::unique_ptr<Mimi> mimi;
-  std::unique_ptr<Lm> lm;
+  std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<TextTokenizer> tokenizer;
   std::string voice_dir;  // <hf-dir>/voices when a snapshot was given
 };

@@ -58,7 +58,8 @@ int offline(int argc, char** argv) {
   }
 
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
-  std::fprintf(stderr, "model: %s\n", m.description.c_str());
+  if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
+  std::fprintf(stderr, "model: %s on %s\n", m.description.c_str(), m.backend->device().c_str());
   if (voice_dir.empty()) voice_dir = m.voice_dir;
   const std::string voice_path = resolve_voice(voice, voice_dir);
 
@@ -68,7 +69,7 @@ int offline(int argc, char** argv) {
   gen.temp_text = temp_text;
   gen.top_k = topk_audio;
   gen.top_k_text = topk_text;
-  const int sr = m.cfg.mimi.sample_rate, fs = m.mimi->frame_samples();
+  const int sr = m.cfg.mimi.sample_rate, fs = m.cfg.mimi.frame_samples();
 
   // Read everything before the long work, so a bad input fails fast.
   const ppx::Audio in = ppx::read_audio(input_wav);
@@ -87,7 +88,9 @@ int offline(int argc, char** argv) {
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
 
   const uint64_t s = seed < 0 ? std::random_device{}() : static_cast<uint64_t>(seed);
-  ppx::Conversation conv(*m.mimi, *m.lm, gen, s);
+  auto codec = m.backend->codec_stream(0);
+  auto stepper = m.backend->lm_stepper(gen, s);
+  ppx::Conversation conv(*codec, *stepper, gen);
   ppx::app::Progress prompt_bar("system prompts", quiet);
   conv.run_system_prompts(prompt, [&](int64_t done, int64_t total) {
     prompt_bar.update(done, total);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
+#include "engine/backend.h"
 #include "engine/golden_replay.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
@@ -19,21 +20,23 @@
 
 namespace {
 
-void check_device(const std::string& device) {
-  if (device == "cpu") return;
-  if (device == "cuda") throw ppx::Error("--device cuda: the CUDA backend is not available in this build yet");
-  throw ppx::Error("--device: unknown device '" + device + "' (expected cpu or cuda)");
-}
 
 // Streams io's pcm_in through the encoder frame by frame and io's codes through the decoder.
-nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::string& weights_path, const std::string& io_path) {
+nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::string& weights_path,
+                                   const std::string& io_path, const std::string& device) {
   const ppx::ModelConfig cfg = ppx::load_config(config_path);
   auto file = std::make_shared<const ppx::SafeTensors>(weights_path);
   ppx::FileWeights w(file);
-  const ppx::Mimi mimi(cfg.mimi, w);
+  std::unique_ptr<ppx::ModelBackend> backend;
+  if (device == "cuda") {
+    backend = ppx::make_cuda_backend(cfg, w, nullptr, 0, 1, /*with_lm=*/false);
+  } else {
+    backend = ppx::make_cpu_backend(std::make_unique<ppx::Mimi>(cfg.mimi, w), nullptr);
+  }
+  auto codec = backend->codec_stream(0);
   const ppx::SafeTensors io(io_path);
 
-  const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
+  const int fs = codec->frame_samples(), nq = codec->num_codebooks();
   const std::vector<float> pcm_in = io.to_f32("pcm_in");
   const std::vector<int64_t> codes_ref = io.to_i64("codes");
   const std::vector<float> pcm_ref = io.to_f32("pcm_out");
@@ -45,11 +48,10 @@ nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::st
   if (pcm_ref.size() != static_cast<size_t>(frames) * fs)
     throw ppx::Error("'" + io_path + "': pcm_out length differs from frames * frame_samples");
 
-  ppx::MimiState st;
   std::vector<int32_t> codes(nq);
   int64_t agree = 0;
   for (int f = 0; f < frames; ++f) {
-    mimi.encode(st, pcm_in.data() + static_cast<size_t>(f) * fs, codes.data());
+    codec->encode(pcm_in.data() + static_cast<size_t>(f) * fs, codes.data());
     for (int q = 0; q < nq; ++q) agree += codes[q] == codes_ref[static_cast<size_t>(q) * frames + f];
   }
   std::vector<float> pcm_out(static_cast<size_t>(frames) * fs);
@@ -59,7 +61,7 @@ nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::st
       if (c < 0 || c >= cfg.mimi.quantizer.bins) throw ppx::Error("'" + io_path + "': code out of range");
       codes[q] = static_cast<int32_t>(c);
     }
-    mimi.decode(st, codes.data(), pcm_out.data() + static_cast<size_t>(f) * fs);
+    codec->decode(codes.data(), pcm_out.data() + static_cast<size_t>(f) * fs);
   }
   nlohmann::ordered_json j;
   j["frames"] = frames;
@@ -69,19 +71,25 @@ nlohmann::ordered_json verify_mimi(const std::string& config_path, const std::st
 }
 
 nlohmann::ordered_json verify_session(const std::string& config_path, const std::string& mimi_path,
-                                      const std::string& lm_path, const std::string& session_path, bool teacher_forced) {
+                                      const std::string& lm_path, const std::string& session_path, bool teacher_forced,
+                                      const std::string& device) {
   const ppx::ModelConfig cfg = ppx::load_config(config_path);
   if (!cfg.lm || !cfg.lm_gen) throw ppx::Error("config '" + config_path + "' has no lm / lm_gen section");
   ppx::FileWeights mw(std::make_shared<const ppx::SafeTensors>(mimi_path));
-  const ppx::Mimi mimi(cfg.mimi, mw);
+  const ppx::Mimi mimi(cfg.mimi, mw);  // decodes the output frames (the audio check) on the CPU
   ppx::FileWeights lw(std::make_shared<const ppx::SafeTensors>(lm_path));
-  const ppx::Lm lm(*cfg.lm, lw);
   ppx::LmGenConfig greedy_cfg = *cfg.lm_gen;
   greedy_cfg.use_sampling = false;
-  ppx::Sampler greedy(greedy_cfg, 0);
-  ppx::CpuLmStepper stepper(lm, greedy);
+  std::unique_ptr<ppx::ModelBackend> backend;
+  if (device == "cuda") {
+    ppx::FileWeights mw2(std::make_shared<const ppx::SafeTensors>(mimi_path));
+    backend = ppx::make_cuda_backend(cfg, mw2, &lw, 0, 1);
+  } else {
+    backend = ppx::make_cpu_backend(nullptr, std::make_unique<ppx::Lm>(*cfg.lm, lw));
+  }
+  auto stepper = backend->lm_stepper(greedy_cfg, 0, -1);
   const ppx::SafeTensors session(session_path);
-  const ppx::ReplayReport r = ppx::replay_golden_session(stepper, *cfg.lm_gen, &mimi, session, teacher_forced);
+  const ppx::ReplayReport r = ppx::replay_golden_session(*stepper, *cfg.lm_gen, &mimi, session, teacher_forced);
   nlohmann::ordered_json j;
   j["steps"] = r.steps;
   j["text_logits_max_rel_l2"] = r.text_logits_max_rel_l2;
@@ -100,7 +108,7 @@ int verify(int argc, char** argv) {
   mimi->add_option("--mimi", mimi_w, "Mimi weights (.safetensors)")->required()->check(CLI::ExistingFile);
   mimi->add_option("--io", io, "golden io file (.safetensors with pcm_in, codes, pcm_out)")
       ->required()->check(CLI::ExistingFile);
-  mimi->add_option("--device", device, "cpu or cuda")->capture_default_str();
+  mimi->add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   std::string lm_w, session_path;
   bool teacher_forced = false;
   auto* session = app.add_subcommand("session", "Replay a golden LM session (greedy) and compare logits, tokens, audio");
@@ -108,7 +116,7 @@ int verify(int argc, char** argv) {
   session->add_option("--mimi", mimi_w, "Mimi weights (.safetensors)")->required()->check(CLI::ExistingFile);
   session->add_option("--lm", lm_w, "LM weights (.safetensors)")->required()->check(CLI::ExistingFile);
   session->add_option("--session", session_path, "golden session (.safetensors)")->required()->check(CLI::ExistingFile);
-  session->add_option("--device", device, "cpu or cuda")->capture_default_str();
+  session->add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   session->add_flag("--teacher-forced", teacher_forced,
                     "take each sampled token from the golden logits' argmax, so the token history cannot diverge");
   try {
@@ -116,10 +124,9 @@ int verify(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  check_device(device);
   nlohmann::ordered_json out;
-  if (*mimi) out = verify_mimi(config, mimi_w, io);
-  if (*session) out = verify_session(config, mimi_w, lm_w, session_path, teacher_forced);
+  if (*mimi) out = verify_mimi(config, mimi_w, io, device);
+  if (*session) out = verify_session(config, mimi_w, lm_w, session_path, teacher_forced, device);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

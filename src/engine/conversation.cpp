@@ -38,12 +38,12 @@ int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silenc
   return voice + 2 * static_cast<int64_t>(silence_frames) + static_cast<int64_t>(p.text_tokens.size());
 }
 
-Conversation::Conversation(const Mimi& mimi, const Lm& lm, const LmGenConfig& gen, uint64_t seed, int dep_steps)
-    : mimi_(mimi), lm_(lm), cfg_(gen), sampler_(gen, seed), stepper_(lm, sampler_, dep_steps), gen_(stepper_, gen) {}
+Conversation::Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen)
+    : codec_(codec), lm_cfg_(stepper.config()), cfg_(gen), gen_(stepper, gen) {}
 
 bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step) {
-  const LmConfig& c = lm_.config();
-  const int fs = mimi_.frame_samples(), half = c.n_q / 2;
+  const LmConfig& c = lm_cfg_;
+  const int fs = codec_.frame_samples(), half = c.n_q / 2;
   const int64_t total = system_prompt_steps(p, fs, cfg_.audio_silence_frame_cnt);
   if (total >= c.context) {
     throw Error("system prompts take " + std::to_string(total) + " steps (voice, 2 x " +
@@ -63,7 +63,7 @@ bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function
   int64_t done = 0;
   auto tick = [&]() { return !on_step || on_step(++done, total); };
 
-  mimi_state_.reset();
+  codec_.reset();
   if (p.voice) {
     for (int64_t i = 0; i < p.voice->n; ++i) {
       gen_.step_embedding(p.voice->embeddings.data() + i * p.voice->dim);
@@ -79,7 +79,7 @@ bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function
       const size_t n = std::min<size_t>(fs, p.voice_audio.size() - off);
       std::fill(frame.begin(), frame.end(), 0.f);
       std::copy_n(p.voice_audio.begin() + off, n, frame.begin());
-      mimi_.encode(mimi_state_, frame.data(), codes.data());
+      codec_.encode(frame.data(), codes.data());
       for (int q = 0; q < half; ++q) agent[q] = codes[q];
       gen_.step(sine.data(), agent.data(), cfg_.zero_text_code);
       if (!tick()) return false;
@@ -98,17 +98,17 @@ bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function
     if (!tick()) return false;
   }
   if (!silence_phase()) return false;
-  mimi_state_.reset();
+  codec_.reset();
   return true;
 }
 
 std::optional<FrameOut> Conversation::step(const float* pcm_in, StageTimes* times) {
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  const int half = lm_.config().n_q / 2;
+  const int half = lm_cfg_.n_q / 2;
   std::vector<int32_t> codes(half);
   const auto t0 = clock::now();
-  mimi_.encode(mimi_state_, pcm_in, codes.data());
+  codec_.encode(pcm_in, codes.data());
   const std::vector<int64_t> user(codes.begin(), codes.end());
   const auto t1 = clock::now();
   auto out = gen_.step(user.data(), nullptr, std::nullopt);
@@ -124,8 +124,8 @@ std::optional<FrameOut> Conversation::step(const float* pcm_in, StageTimes* time
   f.text_token = (*out)[0];
   std::vector<int32_t> agent(half);
   for (int q = 0; q < half; ++q) agent[q] = static_cast<int32_t>((*out)[1 + q]);
-  f.pcm.resize(mimi_.frame_samples());
-  mimi_.decode(mimi_state_, agent.data(), f.pcm.data());
+  f.pcm.resize(codec_.frame_samples());
+  codec_.decode(agent.data(), f.pcm.data());
   if (times) times->decode = ms(t2, clock::now());
   return f;
 }

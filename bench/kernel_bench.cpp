@@ -1,0 +1,166 @@
+// personaplex-bench-kernels: the ceilings and the LM's hot kernels on the GPU, for the roofline in
+// docs/PERF.md. Measures device-to-device copy bandwidth (bytes read + written), and for each GEMV
+// shape of the temporal transformer and the depformer: our bf16 GEMV and cuBLAS (bf16 GEMM with
+// N = 1), as CUDA graphs of many back-to-back launches over rotating weight buffers larger than L2.
+#include <cublas_v2.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "apps/common.h"
+#include "backend/cuda/cuda_util.h"
+#include "lm_gemv.cuh"
+#include "lm_misc.cuh"
+#include "ppx/error.h"
+
+namespace {
+
+using ppx::cuda::DeviceBuffer;
+
+#define CUBLAS_CHECK(x)                                                                   \
+  do {                                                                                    \
+    if ((x) != CUBLAS_STATUS_SUCCESS) throw ppx::Error("cuBLAS error in " #x);            \
+  } while (0)
+
+// Median of `reps` timings of `launches` back-to-back calls of f, captured in one graph.
+template <typename F>
+double time_graph_ms(cudaStream_t s, int launches, int reps, F&& f) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) f(i);
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  PPX_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaEvent_t a, b;
+  PPX_CUDA_CHECK(cudaEventCreate(&a));
+  PPX_CUDA_CHECK(cudaEventCreate(&b));
+  PPX_CUDA_CHECK(cudaGraphLaunch(e, s));  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    PPX_CUDA_CHECK(cudaEventRecord(a, s));
+    PPX_CUDA_CHECK(cudaGraphLaunch(e, s));
+    PPX_CUDA_CHECK(cudaEventRecord(b, s));
+    PPX_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms;
+    PPX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / launches);
+  }
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int bench(int argc, char** argv) {
+  CLI::App app{"GPU ceilings and LM kernel throughput"};
+  std::string out;
+  app.add_option("--out", out, "write the JSON result here too");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (ppx::cuda::device_count() == 0) throw ppx::Error("no CUDA device");
+  ppx::kern::gemv_init();
+  cudaStream_t s;
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  nlohmann::ordered_json j;
+  j["bench"] = "kernels";
+  j["gpu"] = ppx::cuda::device_description();
+
+  // Copy bandwidth: 2 GiB device to device.
+  {
+    const size_t n = size_t{1} << 31;
+    DeviceBuffer<uint8_t> a(n), b(n);
+    PPX_CUDA_CHECK(cudaMemset(a.get(), 1, n));
+    const double ms = time_graph_ms(s, 4, 10, [&](int) {
+      PPX_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice, s));
+    });
+    j["copy_tb_s"] = 2.0 * n / (ms * 1e-3) / 1e12;
+  }
+
+  cublasHandle_t h;
+  CUBLAS_CHECK(cublasCreate(&h));
+  CUBLAS_CHECK(cublasSetStream(h, s));
+  struct Shape {
+    const char* name;
+    int N, K;
+    ppx::kern::GemvIn in;
+  };
+  const Shape shapes[] = {
+      {"temporal qkv", 12288, 4096, ppx::kern::GemvIn::kRmsNorm},
+      {"temporal out", 4096, 4096, ppx::kern::GemvIn::kPlain},
+      {"temporal ffn in", 22528, 4096, ppx::kern::GemvIn::kRmsNorm},
+      {"temporal ffn out", 4096, 11264, ppx::kern::GemvIn::kSiluGate},
+      {"text head", 32000, 4096, ppx::kern::GemvIn::kRmsNorm},
+      {"depformer in", 1024, 4096, ppx::kern::GemvIn::kRmsNorm},
+      {"depformer qkv", 3072, 1024, ppx::kern::GemvIn::kRmsNorm},
+      {"depformer out", 1024, 1024, ppx::kern::GemvIn::kPlain},
+      {"depformer ffn in", 5632, 1024, ppx::kern::GemvIn::kRmsNorm},
+      {"depformer ffn out", 1024, 2816, ppx::kern::GemvIn::kSiluGate},
+      {"depformer head", 2048, 1024, ppx::kern::GemvIn::kPlain},
+  };
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const Shape& sh : shapes) {
+    const size_t wn = static_cast<size_t>(sh.N) * sh.K;
+    // Enough copies to exceed the 50 MB L2 several times over.
+    const int copies = static_cast<int>(std::max<size_t>(2, (400u << 20) / (wn * 2)));
+    DeviceBuffer<__nv_bfloat16> w(wn * copies), x(2 * static_cast<size_t>(sh.K)), alpha(sh.K), y(sh.N);
+    DeviceBuffer<float> yf(sh.N);
+    ppx::kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
+    ppx::kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
+    ppx::kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
+    const int launches = 200;
+    const double ours = time_graph_ms(s, launches, 7, [&](int i) {
+      ppx::kern::GemvArgs a;
+      a.w = w.get() + (i % copies) * wn;
+      a.x = x.get();
+      a.x_stride = 2 * sh.K;
+      a.N = sh.N;
+      a.K = sh.K;
+      a.alpha = alpha.get();
+      a.y = y.get();
+      a.y_stride = sh.N;
+      ppx::kern::gemv(sh.in, ppx::kern::GemvOut::kStore, a, s);
+    });
+    const float one = 1.f, zero = 0.f;
+    const double cublas = time_graph_ms(s, launches, 7, [&](int i) {
+      // y[N] = W[N, K] x[K]: column-major view W^T [K, N].
+      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, 1, sh.K, &one, w.get() + (i % copies) * wn,
+                                CUDA_R_16BF, sh.K, x.get(), CUDA_R_16BF, sh.K, &zero, yf.get(), CUDA_R_32F, sh.N,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    const double bytes = static_cast<double>(wn) * 2;
+    nlohmann::ordered_json r;
+    r["shape"] = sh.name;
+    r["N"] = sh.N;
+    r["K"] = sh.K;
+    r["weight_mb"] = bytes / 1e6;
+    r["ours_us"] = ours * 1e3;
+    r["ours_tb_s"] = bytes / (ours * 1e-3) / 1e12;
+    r["cublas_us"] = cublas * 1e3;
+    r["cublas_tb_s"] = bytes / (cublas * 1e-3) / 1e12;
+    rows.push_back(r);
+    std::printf("%-18s N=%5d K=%5d  ours %7.2f us %5.2f TB/s   cublas %7.2f us %5.2f TB/s\n", sh.name, sh.N, sh.K,
+                ours * 1e3, bytes / (ours * 1e-3) / 1e12, cublas * 1e3, bytes / (cublas * 1e-3) / 1e12);
+  }
+  cublasDestroy(h);
+  j["gemv"] = rows;
+  j["machine"] = ppx::app::machine_info();
+  j["command"] = ppx::app::command_line(argc, argv);
+  std::printf("copy bandwidth %.2f TB/s\n", j["copy_tb_s"].get<double>());
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return ppx::app::run_main(bench, argc, argv); }

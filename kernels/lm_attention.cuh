@@ -1,0 +1,41 @@
+// Attention of the LM at decode time (one new token per session and step), bf16 KV cache in a
+// ring with upstream's exact visibility rule (see src/backend/cpu_attention.h):
+//   after the write, E = pos + 1 tokens exist; slot idx carries
+//   delta = idx - E % C, label = delta <= 0 ? E + delta : E + delta - C (none if idx >= E),
+//   and the query at position pos sees it iff label >= 0, pos - label >= 0 and, when
+//   context > 0, pos - label < context.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ppx::kern {
+
+struct RingArgs {
+  __nv_bfloat16* k = nullptr;  // [slots, C, H * hd]
+  __nv_bfloat16* v = nullptr;  // [slots, C, H * hd]
+  const int32_t* pos = nullptr;   // [slots] position of this step's token (tokens before it)
+  const int32_t* slot = nullptr;  // [B] cache slot of each batch row
+  int C = 0, H = 0, hd = 0, context = 0;  // context 0 = unlimited
+};
+
+// Temporal transformer: applies RoPE (fp32, interleaved pairs) to q and k of qkv [B, 3*H*hd],
+// writes the rotated q to q_out [B, H*hd] and appends rotated k and v at ring slot pos % C.
+void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs& r, int B, float max_period,
+                 cudaStream_t s);
+
+// Split-K attention over the ring: out [B, H*hd] bf16. `work` is scratch of
+// attention_work_floats(B, H, hd, C) floats.
+size_t attention_work_floats(int B, int H, int hd, int C);
+void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
+                    cudaStream_t s);
+
+// Depformer step `step` (no RoPE; the ring is per frame with capacity C = dep_q and no context
+// limit): appends k, v of qkv [B, 3*H*hd] at slot `step` and attends over steps 0..step.
+// `r.pos` is unused.
+void depformer_attention(const __nv_bfloat16* qkv, const RingArgs& r, int B, int step, __nv_bfloat16* out,
+                         cudaStream_t s);
+
+}  // namespace ppx::kern

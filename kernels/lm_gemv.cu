@@ -1,0 +1,218 @@
+// One warp computes R output rows for all B batch columns: each lane streams 16-byte chunks of
+// the weight rows (8 bf16) and the staged activations from shared memory; the loop is unrolled so
+// several 16-byte loads per lane are in flight, which is what a memory-bound GEMV needs. The
+// activation prologue is recomputed by every block (a few KB from L2) so that no separate norm or
+// gate kernel is launched.
+#include "lm_gemv.cuh"
+
+#include <stdexcept>
+
+#include "common.cuh"
+
+namespace ppx::kern {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxSmemBytes = 100 * 1024;
+
+__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+template <GemvIn IN, int B>
+__device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
+  const int K = a.K;
+  for (int b = 0; b < B; ++b) {
+    const __nv_bfloat16* x = a.x + b * a.x_stride;
+    __nv_bfloat16* dst = xs + b * K;
+    if constexpr (IN == GemvIn::kPlain) {
+      for (int k = threadIdx.x * 8; k < K; k += kThreads * 8) {
+        *reinterpret_cast<uint4*>(dst + k) = *reinterpret_cast<const uint4*>(x + k);
+      }
+    } else if constexpr (IN == GemvIn::kRmsNorm) {
+      float ss = 0.f;
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float v = __bfloat162float(x[k]);
+        ss += v * v;
+      }
+      ss = block_sum(ss, red);
+      const float var = ss / static_cast<float>(K) + a.eps;
+      const float r = rsqrtf(var);
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float al = __bfloat162float(a.alpha[k]) * r;
+        dst[k] = __float2bfloat16(__bfloat162float(x[k]) * al);
+      }
+    } else {  // kSiluGate
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float g = __bfloat162float(x[k]);
+        const float u = __bfloat162float(x[K + k]);
+        dst[k] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <GemvOut OUT>
+__device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float acc) {
+  const float r = __bfloat162float(__float2bfloat16(acc));
+  if constexpr (OUT == GemvOut::kStore) {
+    a.y[b * a.y_stride + n] = __float2bfloat16(r);
+  } else if constexpr (OUT == GemvOut::kResidual) {
+    __nv_bfloat16* p = a.y + b * a.y_stride + n;
+    *p = __float2bfloat16(__bfloat162float(*p) + r);
+  } else if constexpr (OUT == GemvOut::kLogits) {
+    a.yf[b * a.y_stride + n] = r;
+  } else {  // kAddEmb
+    int tok = a.token[b];
+    float e = 0.f;
+    if (tok != -1) {
+      tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
+      e = __bfloat162float(a.table[static_cast<int64_t>(tok) * a.N + n]);
+    }
+    a.y[b * a.y_stride + n] = __float2bfloat16(r + e);
+  }
+}
+
+template <GemvIn IN, GemvOut OUT, int B, int R>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [B, K]
+  __shared__ float red[32];
+  stage_x<IN, B>(a, xs, red);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row0 = (blockIdx.x * kWarps + warp) * R;
+  if (row0 >= a.N) return;
+  const int K = a.K;
+  float acc[R][B];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
+
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int n = min(row0 + r, a.N - 1);
+    wrow[r] = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(n) * K);
+  }
+  const int chunks = K / 8;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
+    float xf[B][8];
+#pragma unroll
+    for (int b = 0; b < B; ++b) unpack8(*reinterpret_cast<const uint4*>(xs + b * K + c * 8), xf[b]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wf[8];
+      unpack8(wv[r], wf);
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r < a.N) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+      }
+    }
+  }
+}
+
+template <GemvIn IN, GemvOut OUT, int B, int R>
+void launch(const GemvArgs& a, cudaStream_t s) {
+  const int rows_per_block = kWarps * R;
+  const int blocks = (a.N + rows_per_block - 1) / rows_per_block;
+  const size_t smem = static_cast<size_t>(a.K) * B * sizeof(__nv_bfloat16);
+  gemv_kernel<IN, OUT, B, R><<<blocks, kThreads, smem, s>>>(a);
+}
+
+template <GemvIn IN, GemvOut OUT, int B>
+void by_rows(const GemvArgs& a, cudaStream_t s) {
+  // Two rows per warp once there are enough rows to fill the GPU several times over.
+  if (a.N >= 8192) {
+    launch<IN, OUT, B, 2>(a, s);
+  } else {
+    launch<IN, OUT, B, 1>(a, s);
+  }
+}
+
+template <GemvIn IN, GemvOut OUT>
+void by_batch(const GemvArgs& a, cudaStream_t s) {
+  switch (a.B) {
+    case 1: by_rows<IN, OUT, 1>(a, s); break;
+    case 2: by_rows<IN, OUT, 2>(a, s); break;
+    case 3: by_rows<IN, OUT, 3>(a, s); break;
+    case 4: by_rows<IN, OUT, 4>(a, s); break;
+    default: throw std::runtime_error("gemv: batch must be 1..4");
+  }
+}
+
+template <GemvIn IN>
+void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
+  switch (out) {
+    case GemvOut::kStore: by_batch<IN, GemvOut::kStore>(a, s); break;
+    case GemvOut::kResidual: by_batch<IN, GemvOut::kResidual>(a, s); break;
+    case GemvOut::kLogits: by_batch<IN, GemvOut::kLogits>(a, s); break;
+    case GemvOut::kAddEmb: by_batch<IN, GemvOut::kAddEmb>(a, s); break;
+  }
+}
+
+template <GemvIn IN, GemvOut OUT, int B>
+void set_attrs_b() {
+  cudaFuncSetAttribute(gemv_kernel<IN, OUT, B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+  cudaFuncSetAttribute(gemv_kernel<IN, OUT, B, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+}
+template <GemvIn IN, GemvOut OUT>
+void set_attrs_o() {
+  set_attrs_b<IN, OUT, 1>();
+  set_attrs_b<IN, OUT, 2>();
+  set_attrs_b<IN, OUT, 3>();
+  set_attrs_b<IN, OUT, 4>();
+}
+template <GemvIn IN>
+void set_attrs_i() {
+  set_attrs_o<IN, GemvOut::kStore>();
+  set_attrs_o<IN, GemvOut::kResidual>();
+  set_attrs_o<IN, GemvOut::kLogits>();
+  set_attrs_o<IN, GemvOut::kAddEmb>();
+}
+
+}  // namespace
+
+void gemv_init() {
+  set_attrs_i<GemvIn::kPlain>();
+  set_attrs_i<GemvIn::kRmsNorm>();
+  set_attrs_i<GemvIn::kSiluGate>();
+}
+
+void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
+  if (a.K % 8 != 0) throw std::runtime_error("gemv: K must be a multiple of 8");
+  if (static_cast<int64_t>(a.K) * a.B * 2 > kMaxSmemBytes) throw std::runtime_error("gemv: K * B too large");
+  switch (in) {
+    case GemvIn::kPlain: by_out<GemvIn::kPlain>(out, a, s); break;
+    case GemvIn::kRmsNorm: by_out<GemvIn::kRmsNorm>(out, a, s); break;
+    case GemvIn::kSiluGate: by_out<GemvIn::kSiluGate>(out, a, s); break;
+  }
+}
+
+}  // namespace ppx::kern

@@ -1,0 +1,44 @@
+// Batch-B matrix-vector products of the LM with bf16 weights, bf16 activations and fp32
+// accumulation, with the neighbouring elementwise work fused in:
+//   prologue (applied to x while it is staged in shared memory, rounded to bf16 as upstream):
+//     kPlain     x
+//     kRmsNorm   x * (alpha * rsqrt(mean(x^2) + eps)), fp32 math
+//     kSiluGate  silu(g) * u with x = [g | u] (each [K]), fp32 math, rounded once
+//   epilogue on acc = sum_k W[n, k] * x[k] (fp32), rounded to bf16 first as a bf16 GEMM is:
+//     kStore     y[n] = bf16(acc)
+//     kResidual  y[n] = bf16(y[n] + bf16(acc))            (the residual add of the stream)
+//     kLogits    yf[n] = float(bf16(acc))                 (fp32 logits of a bf16 head)
+//     kAddEmb    y[n] = bf16(bf16(acc) + table[tok][n])  (depformer input + token embedding;
+//                                                         tok -1 adds nothing)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ppx::kern {
+
+enum class GemvIn { kPlain, kRmsNorm, kSiluGate };
+enum class GemvOut { kStore, kResidual, kLogits, kAddEmb };
+
+struct GemvArgs {
+  const __nv_bfloat16* w = nullptr;  // [N, K] row-major
+  const __nv_bfloat16* x = nullptr;  // [B, x_stride]; kSiluGate reads [B, 2K] within the stride
+  int64_t x_stride = 0;              // elements between batch rows of x
+  int N = 0, K = 0, B = 1;           // K % 8 == 0, 1 <= B <= 4
+  const __nv_bfloat16* alpha = nullptr;  // kRmsNorm: [K]
+  float eps = 1e-8f;
+  __nv_bfloat16* y = nullptr;        // kStore / kResidual / kAddEmb: [B, y_stride]
+  float* yf = nullptr;               // kLogits: [B, y_stride]
+  int64_t y_stride = 0;
+  const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]
+  const int32_t* token = nullptr;        // kAddEmb: [B] device token ids
+  int table_rows = 0;
+};
+
+// Must be called once before the first launch (and before graph capture).
+void gemv_init();
+void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+
+}  // namespace ppx::kern

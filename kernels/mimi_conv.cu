@@ -1,0 +1,365 @@
+// Mimi streaming convolutions, fp32 with fp32 accumulation (see mimi_conv.cuh for the semantics).
+//
+// Two kernels cover every conv of the codec:
+// - conv_direct: one thread per output position n (32 per warp) and OB output channels; the input
+//   channels are split over blockDim.y groups whose partial sums are added in shared memory in group
+//   order. Weight reads are warp-uniform (broadcast). The kernel size is a template parameter where
+//   it is one of Mimi's, so the taps unroll and their loads issue together.
+// - conv_gemv: the weights dominate (up to 33 MB for a T=2 conv), so a warp owns one output channel
+//   and streams its row with float4 loads: lane = (g, j) with j the tap (fixed per lane) and g one of
+//   32/kernel groups of 4 input channels. Each lane keeps TN accumulators, one per output (conv) or
+//   per input sample (transposed), and reads x' from shared memory. Weight loads are double-buffered
+//   in registers and the first batch is issued before waiting on the previous kernel (PDL).
+#include <cstdint>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "mimi_conv.cuh"
+#include "mimi_device.cuh"
+
+namespace ppx::kern::mimi {
+
+bool pdl_supported() {
+  static const bool ok = [] {
+    if (std::getenv("PPX_NO_PDL")) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return ok;
+}
+
+namespace {
+
+constexpr int kMaxSplit = 8;  // conv_direct: max blockDim.y
+
+// x'[i, m] of one slot (see mimi_conv.cuh). load() always dereferences a valid address and selects,
+// so unrolled loops can issue their loads together.
+struct Src {
+  const float* x;
+  int sc, st;
+  const float* hist;  // read parity, [cin][ctx]
+  int ctx, first, replicate;
+  __device__ __forceinline__ float load(int i, int m) const {
+    const float* ptr = m >= ctx ? x + i * sc + (m - ctx) * st : first ? x + i * sc : hist + i * ctx + m;
+    const float v = *ptr;
+    return (m < ctx && first && !replicate) ? 0.f : v;
+  }
+};
+
+__device__ __forceinline__ Src make_src(const ConvParams& p, int b, int slot, float** hist_w) {
+  const int frame = *slot_int(p.frame, slot);
+  const int ctx = conv_ctx(p);
+  const long long par_size = static_cast<long long>(p.cin) * ctx;
+  float* base = p.hist + static_cast<long long>(slot) * p.hist_stride;
+  *hist_w = base + ((frame & 1) ^ 1) * par_size;
+  return Src{row(p.x, b, slot), p.x.sc, p.x.st, base + (frame & 1) * par_size, ctx, frame == 0, p.replicate};
+}
+
+__device__ __forceinline__ void store_output(const ConvParams& p, int b, int slot, int o, int n, float acc) {
+  float v = p.bias ? __fadd_rn(acc, p.bias[o]) : acc;
+  if (p.residual.p) {
+    const float* r = row(p.residual, b, slot);
+    v = __fadd_rn(r[o * p.residual.sc + n * p.residual.st], v);
+  }
+  if (p.out_raw.p) row(p.out_raw, b, slot)[o * p.out_raw.sc + n * p.out_raw.st] = v;
+  if (p.out_elu.p) row(p.out_elu, b, slot)[o * p.out_elu.sc + n * p.out_elu.st] = elu(v);
+}
+
+// New history x'[i, t_in + m], m < ctx, into the other parity; by all threads of one block.
+__device__ __forceinline__ void write_history(const ConvParams& p, const Src& src, float* hist_w, int tid, int nt) {
+  const int ctx = src.ctx;
+  for (int e = tid; e < p.cin * ctx; e += nt) {
+    const int i = e / ctx, m = e - i * ctx;
+    hist_w[e] = src.load(i, p.t_in + m);
+  }
+}
+
+// grid (ceil(t_out / 32), cout / OB, B), block (32, split). KT: kernel size, 0 = runtime.
+template <int OB, int KT>
+__global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams p, Batch batch) {
+  __shared__ float red[kMaxSplit][OB][32];
+  pdl_trigger();
+  const int b = blockIdx.z, slot = batch.slots[b];
+  const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
+  const int t_out = conv_t_out(p), cin = p.cin, K = KT > 0 ? KT : p.kernel, S = p.stride;
+  const int n = blockIdx.x * 32 + tx, o0 = blockIdx.y * OB;
+  const size_t wrow = static_cast<size_t>(cin) * K;  // floats per output channel
+  const float* w0 = p.w + static_cast<size_t>(o0) * wrow;
+  pdl_wait();
+  float* hist_w;
+  const Src src = make_src(p, b, slot, &hist_w);
+
+  float acc[OB];
+#pragma unroll
+  for (int q = 0; q < OB; ++q) acc[q] = 0.f;
+  if (n < t_out) {
+    if (!p.transposed) {
+      const int m0 = n * S;
+      if (m0 >= src.ctx) {
+        // All taps inside this call's input.
+        const float* xb = src.x + (m0 - src.ctx) * src.st;
+#pragma unroll 2
+        for (int i = ty; i < cin; i += split) {
+          const float* xi = xb + i * src.sc;
+          const float* wi = w0 + static_cast<size_t>(i) * K;
+          float xv[KT > 0 ? KT : 1];
+          if constexpr (KT > 0) {
+#pragma unroll
+            for (int j = 0; j < KT; ++j) xv[j] = xi[j * src.st];
+#pragma unroll
+            for (int j = 0; j < KT; ++j)
+#pragma unroll
+              for (int q = 0; q < OB; ++q) acc[q] = fmaf(__ldg(wi + q * wrow + j), xv[j], acc[q]);
+          } else {
+            for (int j = 0; j < K; ++j) {
+              xv[0] = xi[j * src.st];
+#pragma unroll
+              for (int q = 0; q < OB; ++q) acc[q] = fmaf(__ldg(wi + q * wrow + j), xv[0], acc[q]);
+            }
+          }
+        }
+      } else {
+        for (int i = ty; i < cin; i += split) {
+          const float* wi = w0 + static_cast<size_t>(i) * K;
+          for (int j = 0; j < K; ++j) {
+            const float xv = src.load(i, m0 + j);
+#pragma unroll
+            for (int q = 0; q < OB; ++q) acc[q] = fmaf(__ldg(wi + q * wrow + j), xv, acc[q]);
+          }
+        }
+      }
+    } else {
+      // Output position n = nn*S + r: taps r (input nn, x' column nn+1) and r+S (input nn-1, column nn).
+      const int nn = n / S, r = n - nn * S;
+#pragma unroll 4
+      for (int i = ty; i < cin; i += split) {
+        const float xa = src.load(i, nn + 1), xb = src.load(i, nn);
+        const float* wi = w0 + static_cast<size_t>(i) * K;
+#pragma unroll
+        for (int q = 0; q < OB; ++q) {
+          acc[q] = fmaf(__ldg(wi + q * wrow + r), xa, acc[q]);
+          acc[q] = fmaf(__ldg(wi + q * wrow + r + S), xb, acc[q]);
+        }
+      }
+    }
+  }
+  if (split > 1) {
+#pragma unroll
+    for (int q = 0; q < OB; ++q) red[ty][q][tx] = acc[q];
+    __syncthreads();
+    if (ty == 0) {
+#pragma unroll
+      for (int q = 0; q < OB; ++q) {
+        float s = red[0][q][tx];
+        for (int g = 1; g < split; ++g) s += red[g][q][tx];
+        acc[q] = s;
+      }
+    }
+  }
+  if (ty == 0 && n < t_out) {
+#pragma unroll
+    for (int q = 0; q < OB; ++q) store_output(p, b, slot, o0 + q, n, acc[q]);
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    write_history(p, src, hist_w, ty * blockDim.x + tx, blockDim.x * blockDim.y);
+  if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x * gridDim.y);
+}
+
+// grid (ceil(cout / warps), B), block 32 * warps, dynamic smem conv_gemv_smem_bytes().
+template <int TN>
+__global__ void __launch_bounds__(256) conv_gemv_kernel(ConvParams p, Batch batch) {
+  extern __shared__ float xs[];  // [cin][L] then, transposed only, red [warps][32][TN]
+  pdl_trigger();
+  const int b = blockIdx.y, slot = batch.slots[b];
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int cin = p.cin, K = p.kernel, S = p.stride;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int o = blockIdx.x * (nthreads >> 5) + warp;
+  const int G = 32 / K, nb = cin / 4;
+  const int g = lane / K, j = lane - g * K;
+  const bool active = o < p.cout && g < G;
+  const float4* w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(active ? o : 0) * nb * K + j;
+  auto load_batch = [&](float4* wv, int ib0) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int ib = ib0 + u * G;
+      wv[u] = active && ib < nb ? __ldg(w4 + static_cast<size_t>(ib) * K) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  float4 wv[4];
+  load_batch(wv, g);  // independent of earlier kernels: overlaps their tail
+  pdl_wait();
+
+  float* hist_w;
+  const Src src = make_src(p, b, slot, &hist_w);
+  const int ctx = src.ctx, L = ctx + p.t_in, n_x = cin * L;
+  // Stage x' with 8 loads in flight per thread.
+  for (int e0 = tid; e0 < n_x; e0 += 8 * nthreads) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int e = min(e0 + u * nthreads, n_x - 1), i = e / L;
+      v[u] = src.load(i, e - i * L);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (e0 + u * nthreads < n_x) xs[e0 + u * nthreads] = v[u];
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int e = tid; e < cin * ctx; e += nthreads) {
+      const int i = e / ctx, m = e - i * ctx;
+      hist_w[e] = xs[i * L + p.t_in + m];
+    }
+  }
+
+  // Number of accumulators in use, x' column of accumulator 0 and the column step between them.
+  const int nv = p.transposed ? p.t_in : p.t_in / S;
+  const int col0 = p.transposed ? (j >= S ? 0 : 1) : j;
+  const int step = p.transposed ? 1 : S;
+  float acc[TN];
+#pragma unroll
+  for (int n = 0; n < TN; ++n) acc[n] = 0.f;
+  if (active) {
+    for (int ib0 = g; ib0 < nb; ib0 += 4 * G) {
+      float4 nxt[4];
+      load_batch(nxt, ib0 + 4 * G);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int ib = ib0 + u * G;
+        if (ib >= nb) break;
+        const float* xr = xs + 4 * ib * L + col0;
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+          if (n < nv) {
+            const int c = n * step;
+            float a = acc[n];
+            a = fmaf(wv[u].x, xr[c], a);
+            a = fmaf(wv[u].y, xr[L + c], a);
+            a = fmaf(wv[u].z, xr[2 * L + c], a);
+            a = fmaf(wv[u].w, xr[3 * L + c], a);
+            acc[n] = a;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) wv[u] = nxt[u];
+    }
+  }
+
+  if (!p.transposed) {
+#pragma unroll
+    for (int n = 0; n < TN; ++n) acc[n] = warp_sum(acc[n]);
+    if (lane == 0 && o < p.cout) {
+#pragma unroll
+      for (int n = 0; n < TN; ++n)
+        if (n < nv) store_output(p, b, slot, o, n, acc[n]);
+    }
+  } else {
+    // Output n*S + r sums lanes with tap r (x[n]) and tap r + S (x[n-1]) over the G groups.
+    float* red = xs + cin * L + warp * 32 * TN;
+#pragma unroll
+    for (int n = 0; n < TN; ++n) red[lane * TN + n] = acc[n];
+    __syncwarp();
+    if (o < p.cout) {
+      for (int q = lane; q < S * nv; q += 32) {
+        const int n = q / S, r = q - n * S;
+        float v = 0.f;
+        for (int gg = 0; gg < G; ++gg) {
+          v += red[(gg * K + r) * TN + n];
+          v += red[(gg * K + r + S) * TN + n];
+        }
+        store_output(p, b, slot, o, q, v);
+      }
+    }
+  }
+  if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x);
+}
+
+int gemv_tn(const ConvParams& p) {
+  const int nv = p.transposed ? p.t_in : conv_t_out(p);
+  for (int tn : {1, 2, 4, 8, 16})
+    if (nv <= tn) return tn;
+  return 0;
+}
+
+// Warps per GEMV block: 8, or 4 when that is what it takes to spread over the GPU.
+int gemv_warps(const ConvParams& p) { return (p.cout + 7) / 8 >= 120 ? 8 : 4; }
+
+template <int TN>
+void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
+  const int warps = gemv_warps(p);
+  const dim3 grid((p.cout + warps - 1) / warps, batch.count);
+  launch(conv_gemv_kernel<TN>, grid, dim3(32 * warps), conv_gemv_smem_bytes(p), s, p, batch);
+}
+
+template <int OB, int KT>
+void launch_direct(const ConvParams& p, const Batch& batch, int split, cudaStream_t s) {
+  const dim3 grid((conv_t_out(p) + 31) / 32, p.cout / OB, batch.count);
+  launch(conv_direct_kernel<OB, KT>, grid, dim3(32, split), 0, s, p, batch);
+}
+
+template <int OB>
+void launch_direct_k(const ConvParams& p, const Batch& batch, int split, cudaStream_t s) {
+  switch (p.transposed ? 0 : p.kernel) {
+    case 1: launch_direct<OB, 1>(p, batch, split, s); break;
+    case 3: launch_direct<OB, 3>(p, batch, split, s); break;
+    case 7: launch_direct<OB, 7>(p, batch, split, s); break;
+    case 8: launch_direct<OB, 8>(p, batch, split, s); break;
+    case 10: launch_direct<OB, 10>(p, batch, split, s); break;
+    case 12: launch_direct<OB, 12>(p, batch, split, s); break;
+    default: launch_direct<OB, 0>(p, batch, split, s); break;
+  }
+}
+
+}  // namespace
+
+void conv_direct(const ConvParams& p, const Batch& batch, cudaStream_t s) {
+  const int t_blocks = (conv_t_out(p) + 31) / 32;
+  int ob = p.cout % 4 == 0 ? 4 : p.cout % 2 == 0 ? 2 : 1;
+  // Fewer channels per thread when that is what it takes to fill the GPU.
+  while (ob > 1 && t_blocks * (p.cout / ob) < 256) ob /= 2;
+  const int split = p.cin < kMaxSplit ? p.cin : kMaxSplit;
+  switch (ob) {
+    case 4: launch_direct_k<4>(p, batch, split, s); break;
+    case 2: launch_direct_k<2>(p, batch, split, s); break;
+    default: launch_direct_k<1>(p, batch, split, s); break;
+  }
+}
+
+bool conv_gemv_supported(const ConvParams& p) {
+  if (p.cin % 4 != 0 || p.kernel > 32 || p.kernel < 1 || gemv_tn(p) == 0) return false;
+  if (p.transposed && p.kernel != 2 * p.stride) return false;
+  return reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+}
+
+size_t conv_gemv_smem_bytes(const ConvParams& p) {
+  size_t floats = static_cast<size_t>(p.cin) * (conv_ctx(p) + p.t_in);
+  if (p.transposed) floats += static_cast<size_t>(gemv_warps(p)) * 32 * gemv_tn(p);
+  return floats * sizeof(float);
+}
+
+cudaError_t conv_gemv_reserve_smem(size_t bytes) {
+  const int b = static_cast<int>(bytes);
+  const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t e = cudaFuncSetAttribute(conv_gemv_kernel<1>, a, b);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(conv_gemv_kernel<2>, a, b);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(conv_gemv_kernel<4>, a, b);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(conv_gemv_kernel<8>, a, b);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(conv_gemv_kernel<16>, a, b);
+  return e;
+}
+
+void conv_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
+  switch (gemv_tn(p)) {
+    case 1: launch_gemv<1>(p, batch, s); break;
+    case 2: launch_gemv<2>(p, batch, s); break;
+    case 4: launch_gemv<4>(p, batch, s); break;
+    case 8: launch_gemv<8>(p, batch, s); break;
+    default: launch_gemv<16>(p, batch, s); break;
+  }
+}
+
+}  // namespace ppx::kern::mimi

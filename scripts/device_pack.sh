@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries for one architecture (default sm_90) into build-dev/ and packs them,
+# stripped, with the shared libraries a bare GPU machine lacks, into devrun/ (git-ignored), for
+# the `device` tool: carry devrun and run scripts/device_check.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arch=${1:-90-real}
+scripts/setup.sh
+cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPX_CUDA=ON -DPPX_CUDA_ARCHS="$arch" >/dev/null
+cmake --build build-dev -j "$(nproc)"
+rm -rf devrun && mkdir -p devrun/bin devrun/lib
+for b in src/personaplex-verify src/personaplex-offline bench/personaplex-bench bench/personaplex-bench-mimi \
+         bench/personaplex-bench-kernels tests/ppx_cuda_tests; do
+  [ -f "build-dev/$b" ] && cp "build-dev/$b" devrun/bin/ && strip devrun/bin/"$(basename "$b")"
+done
+# Non-system shared libraries (everything but glibc, libstdc++/libgcc and the CUDA driver).
+ldd devrun/bin/* | awk '/=> \//{print $3}' | sort -u | grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s|libcuda\.so' |
+  while read -r lib; do cp -L "$lib" devrun/lib/; done
+du -sh devrun

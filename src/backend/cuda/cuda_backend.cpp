@@ -1,0 +1,128 @@
+// The CUDA backend: CudaMimi codec streams (one slot each, encode and decode captured as CUDA
+// graphs including their host transfers) and CudaLm steppers.
+#include <memory>
+
+#include "backend/cuda/cuda_lm.h"
+#include "backend/cuda/cuda_mimi.h"
+#include "backend/cuda/cuda_util.h"
+#include "engine/backend.h"
+#include "ppx/error.h"
+
+namespace ppx {
+namespace {
+
+class CudaCodecStream : public CodecStream {
+ public:
+  CudaCodecStream(cuda::CudaMimi& mimi, int slot, int bins) : mimi_(mimi), slot_(slot), bins_(bins) {
+    const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
+    PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    d_pcm_in_.resize(fs);
+    d_pcm_out_.resize(fs);
+    d_codes_in_.resize(nq);
+    d_codes_out_.resize(nq);
+    h_pcm_in_ = cuda::PinnedBuffer<float>(fs);
+    h_pcm_out_ = cuda::PinnedBuffer<float>(fs);
+    h_codes_in_ = cuda::PinnedBuffer<int32_t>(nq);
+    h_codes_out_ = cuda::PinnedBuffer<int32_t>(nq);
+    reset();
+    enc_ = capture([&] {
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm_in_.get(), h_pcm_in_.get(), fs * sizeof(float), cudaMemcpyHostToDevice, s_));
+      mimi_.encode(slot_, d_pcm_in_.get(), d_codes_out_.get(), s_);
+      PPX_CUDA_CHECK(
+          cudaMemcpyAsync(h_codes_out_.get(), d_codes_out_.get(), nq * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+    });
+    dec_ = capture([&] {
+      PPX_CUDA_CHECK(
+          cudaMemcpyAsync(d_codes_in_.get(), h_codes_in_.get(), nq * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+      mimi_.decode(slot_, d_codes_in_.get(), d_pcm_out_.get(), s_);
+      PPX_CUDA_CHECK(cudaMemcpyAsync(h_pcm_out_.get(), d_pcm_out_.get(), fs * sizeof(float), cudaMemcpyDeviceToHost, s_));
+    });
+  }
+  ~CudaCodecStream() override {
+    if (enc_) cudaGraphExecDestroy(enc_);
+    if (dec_) cudaGraphExecDestroy(dec_);
+    if (s_) cudaStreamDestroy(s_);
+  }
+  int frame_samples() const override { return mimi_.frame_samples(); }
+  int num_codebooks() const override { return mimi_.num_codebooks(); }
+  void reset() override {
+    mimi_.reset_encoder(slot_, s_);
+    mimi_.reset_decoder(slot_, s_);
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void encode(const float* pcm, int32_t* codes) override {
+    std::copy_n(pcm, frame_samples(), h_pcm_in_.get());
+    PPX_CUDA_CHECK(cudaGraphLaunch(enc_, s_));
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s_));
+    std::copy_n(h_codes_out_.get(), num_codebooks(), codes);
+  }
+  void decode(const int32_t* codes, float* pcm) override {
+    for (int q = 0; q < num_codebooks(); ++q) {
+      if (codes[q] < 0 || codes[q] >= bins_) throw Error("mimi decode: code out of range");
+    }
+    std::copy_n(codes, num_codebooks(), h_codes_in_.get());
+    PPX_CUDA_CHECK(cudaGraphLaunch(dec_, s_));
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s_));
+    std::copy_n(h_pcm_out_.get(), frame_samples(), pcm);
+  }
+
+ private:
+  template <typename F>
+  cudaGraphExec_t capture(F&& body) {
+    cudaGraph_t g;
+    PPX_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    body();
+    PPX_CUDA_CHECK(cudaStreamEndCapture(s_, &g));
+    cudaGraphExec_t e;
+    PPX_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+    PPX_CUDA_CHECK(cudaGraphDestroy(g));
+    return e;
+  }
+  cuda::CudaMimi& mimi_;
+  int slot_, bins_;
+  cudaStream_t s_ = nullptr;
+  cudaGraphExec_t enc_ = nullptr, dec_ = nullptr;
+  cuda::DeviceBuffer<float> d_pcm_in_, d_pcm_out_;
+  cuda::DeviceBuffer<int32_t> d_codes_in_, d_codes_out_;
+  cuda::PinnedBuffer<float> h_pcm_in_, h_pcm_out_;
+  cuda::PinnedBuffer<int32_t> h_codes_in_, h_codes_out_;
+};
+
+class CudaBackend : public ModelBackend {
+ public:
+  CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots, bool with_lm)
+      : mimi_(cfg.mimi, mw, slots),
+        bins_(cfg.mimi.quantizer.bins),
+        lm_(!with_lm ? nullptr
+                     : lw ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw) : std::make_unique<cuda::CudaLm>(*cfg.lm, seed)),
+        slots_(slots),
+        used_(slots, false) {}
+  std::string device() const override { return "cuda: " + cuda::device_description(); }
+  std::unique_ptr<CodecStream> codec_stream(int slot) override {
+    if (slot < 0 || slot >= slots_) throw Error("codec slot " + std::to_string(slot) + " out of range");
+    return std::make_unique<CudaCodecStream>(mimi_, slot, bins_);
+  }
+  std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps) override {
+    if (!lm_) throw Error("this CUDA backend was built without the LM");
+    return std::make_unique<cuda::CudaLmStepper>(*lm_, cuda::SamplingParams::from(gen, seed), dep_steps);
+  }
+
+ private:
+  cuda::CudaMimi mimi_;
+  int bins_;
+  std::unique_ptr<cuda::CudaLm> lm_;
+  int slots_;
+  std::vector<bool> used_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
+                                                WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
+                                                bool with_lm) {
+  if (cuda::device_count() == 0) throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
+  if (with_lm && !cfg.lm) throw Error("the config has no lm section");
+  return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots, with_lm);
+}
+
+}  // namespace ppx

@@ -1,0 +1,376 @@
+#include "backend/cuda/cuda_lm.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "lm_attention.cuh"
+#include "lm_gemv.cuh"
+#include "lm_misc.cuh"
+#include "lm/lm_weights.h"
+#include "ppx/dtype.h"
+#include "ppx/error.h"
+#include "ppx/weights.h"
+
+namespace ppx::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+uint64_t key_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
+  SamplingParams p;
+  p.temp_text = g.use_sampling ? static_cast<float>(g.temp_text) : 0.f;
+  p.temp_audio = g.use_sampling ? static_cast<float>(g.temp) : 0.f;
+  p.top_k_text = g.top_k_text;
+  p.top_k_audio = g.top_k;
+  p.seed = seed;
+  return p;
+}
+
+void CudaLm::allocate() {
+  kern::gemv_init();
+  const auto spec = lm_state_dict_spec(c_);
+  size_t total = 0;
+  for (const auto& [k, shape] : spec) total += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
+  arena_.resize(total);
+  weight_bytes_ = total * sizeof(bf16);
+  layers.resize(c_.num_layers);
+  dep_layers.resize(c_.depformer_num_layers);
+  for (auto& l : dep_layers) {
+    l.lin_in.resize(c_.dep_q);
+    l.lin_out.resize(c_.dep_q);
+  }
+  size_t off = 0;
+  for (const auto& [key, shape] : spec) {
+    const bf16* p = arena_.get() + off;
+    off += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
+    auto idx = [&](const std::string& prefix) { return std::stoi(key.substr(prefix.size())); };
+    auto has = [&](const char* part) { return key.find(part) != std::string::npos; };
+    if (key.rfind("emb.", 0) == 0) emb.push_back(p);
+    else if (key == "text_emb.weight") text_emb = p;
+    else if (key.rfind("transformer.layers.", 0) == 0) {
+      Temporal& l = layers[idx("transformer.layers.")];
+      if (has("in_proj_weight")) l.in_proj = p;
+      else if (has("out_proj")) l.out_proj = p;
+      else if (has("norm1")) l.norm1 = p;
+      else if (has("norm2")) l.norm2 = p;
+      else if (has("linear_in")) l.lin_in = p;
+      else l.lin_out = p;
+    } else if (key == "out_norm.alpha") out_norm = p;
+    else if (key == "text_linear.weight") text_linear = p;
+    else if (key.rfind("depformer_in.", 0) == 0) depformer_in.push_back(p);
+    else if (key.rfind("depformer_emb.", 0) == 0) depformer_emb.push_back(p);
+    else if (key == "depformer_text_emb.weight") depformer_text_emb = p;
+    else if (key.rfind("depformer.layers.", 0) == 0) {
+      Depformer& l = dep_layers[idx("depformer.layers.")];
+      if (has("in_proj_weight")) l.in_proj = p;
+      else if (has("out_proj")) l.out_proj = p;
+      else if (has("norm1")) l.norm1 = p;
+      else if (has("norm2")) l.norm2 = p;
+      else {
+        const size_t g = key.find("gating.") + 7;
+        const int s = std::stoi(key.substr(g));
+        if (has("linear_in")) l.lin_in[s] = p;
+        else l.lin_out[s] = p;
+      }
+    } else if (key.rfind("linears.", 0) == 0) linears.push_back(p);
+  }
+}
+
+void CudaLm::finish_tables() {
+  std::vector<const bf16*> t{text_emb};
+  std::vector<int32_t> rows{c_.text_card + 1};
+  for (const bf16* e : emb) {
+    t.push_back(e);
+    rows.push_back(c_.card + 1);
+  }
+  emb_tables.resize(t.size());
+  emb_tables.upload(t.data(), t.size());
+  emb_rows.resize(rows.size());
+  emb_rows.upload(rows.data(), rows.size());
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+CudaLm::CudaLm(const LmConfig& c, WeightSource& w) : c_(c) {
+  allocate();
+  size_t off = 0;
+  std::vector<uint16_t> host;
+  for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
+    const std::vector<float> v = load_lm_tensor(w, key, shape);
+    host.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) host[i] = f32_to_bf16(v[i]);
+    PPX_CUDA_CHECK(cudaMemcpy(arena_.get() + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    off += (v.size() + 63) / 64 * 64;
+  }
+  finish_tables();
+}
+
+CudaLm::CudaLm(const LmConfig& c, uint64_t seed) : c_(c) {
+  allocate();
+  size_t off = 0;
+  for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
+    const int64_t n = numel(shape);
+    float scale, offset = 0.f;
+    if (ends_with(key, "alpha")) {
+      scale = 0.05f;
+      offset = 1.f;
+    } else {
+      scale = 1.f / std::sqrt(static_cast<float>(shape.back()));
+    }
+    kern::fill_random_bf16(arena_.get() + off, n, seed ^ key_hash(key), scale, offset, nullptr);
+    off += (static_cast<size_t>(n) + 63) / 64 * 64;
+  }
+  PPX_CUDA_CHECK(cudaGetLastError());
+  finish_tables();
+}
+
+CudaLm::~CudaLm() = default;
+
+CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps)
+    : lm_(lm), sp_(sp) {
+  const LmConfig& c = lm.config();
+  dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
+  const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
+  const int K = c.n_q + 1;
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PPX_CUDA_CHECK(cudaEventCreate(&ev0_));
+  PPX_CUDA_CHECK(cudaEventCreate(&ev1_));
+  const size_t kv = static_cast<size_t>(c.num_layers) * c.context * D;
+  k_cache_.resize(kv);
+  v_cache_.resize(kv);
+  const size_t dkv = static_cast<size_t>(c.depformer_num_layers) * S * DD;
+  dk_cache_.resize(dkv);
+  dv_cache_.resize(dkv);
+  x_.resize(D);
+  qkv_.resize(3 * D);
+  q_.resize(D);
+  att_.resize(D);
+  gu_.resize(2 * static_cast<size_t>(H));
+  z_.resize(DD);
+  dqkv_.resize(3 * DD);
+  datt_.resize(DD);
+  dgu_.resize(2 * static_cast<size_t>(DH));
+  work_.resize(kern::attention_work_floats(1, c.num_heads, D / c.num_heads, c.context));
+  logits_.resize(c.text_card + static_cast<size_t>(S) * c.card);
+  ext_.resize(D);
+  req_.resize(K + 1 + S + K + 1);
+  pos_.resize(1);
+  slot_.resize(1);
+  sampled_.resize(1 + S);
+  next_.resize(1);
+  top_k_.resize(2);
+  provided_.resize(K);
+  temp_.resize(2);
+  seed_.resize(1);
+  counter_.resize(1);
+  h_req_ = PinnedBuffer<int32_t>(req_.size());
+  h_prov_ = PinnedBuffer<uint8_t>(K);
+  h_out_ = PinnedBuffer<int32_t>(1 + S);
+  h_ext_ = PinnedBuffer<float>(D);
+  const int32_t zero = 0;
+  slot_.upload(&zero, 1, stream_);
+  const float temps[2] = {sp.temp_text, sp.temp_audio};
+  temp_.upload(temps, 2, stream_);
+  const int32_t topk[2] = {sp.top_k_text, sp.top_k_audio};
+  top_k_.upload(topk, 2, stream_);
+  seed_.upload(&sp.seed, 1, stream_);
+  counter_.zero(stream_);
+  std::memset(h_ext_.get(), 0, D * sizeof(float));
+  reset();
+
+  // Capture the step once; every run replays it.
+  cudaGraph_t g;
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  enqueue_step(stream_);
+  PPX_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+  PPX_CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+  PPX_CUDA_CHECK(cudaGraphDestroy(g));
+}
+
+CudaLmStepper::~CudaLmStepper() {
+  if (graph_) cudaGraphExecDestroy(graph_);
+  if (ev0_) cudaEventDestroy(ev0_);
+  if (ev1_) cudaEventDestroy(ev1_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaLmStepper::reset() {
+  pos_.zero(stream_);
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaLmStepper::enqueue_step(cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
+  const int K = c.n_q + 1, V = c.text_card;
+  int32_t* tok = req_.get();
+  int32_t* force = tok + K;
+  int32_t* target = force + 1 + S;
+  int32_t* use_ext = target + K;
+  PPX_CUDA_CHECK(cudaMemcpyAsync(req_.get(), h_req_.get(), req_.bytes(), cudaMemcpyHostToDevice, s));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(provided_.get(), h_prov_.get(), provided_.bytes(), cudaMemcpyHostToDevice, s));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(ext_.get(), h_ext_.get(), ext_.bytes(), cudaMemcpyHostToDevice, s));
+
+  kern::embed_sum(lm_.emb_tables.get(), lm_.emb_rows.get(), K, tok, use_ext, ext_.get(), D, 1, x_.get(), s);
+  kern::RingArgs ring;
+  ring.C = c.context;
+  ring.H = c.num_heads;
+  ring.hd = D / c.num_heads;
+  ring.context = c.context;
+  ring.pos = pos_.get();
+  ring.slot = slot_.get();
+  const size_t layer_kv = static_cast<size_t>(c.context) * D;
+  using kern::GemvIn;
+  using kern::GemvOut;
+  auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
+                  const bf16* alpha = nullptr) {
+    kern::GemvArgs a;
+    a.w = w;
+    a.x = x;
+    a.x_stride = in == GemvIn::kSiluGate ? 2 * Kd : Kd;
+    a.N = N;
+    a.K = Kd;
+    a.alpha = alpha;
+    a.y = y;
+    a.y_stride = N;
+    kern::gemv(in, out, a, s);
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const CudaLm::Temporal& L = lm_.layers[l];
+    ring.k = k_cache_.get() + l * layer_kv;
+    ring.v = v_cache_.get() + l * layer_kv;
+    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
+    kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
+    kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
+    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
+    gemv(GemvIn::kSiluGate, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
+  }
+  // Text head on out_norm(x), then sampling; `next_` becomes the merged text token.
+  {
+    kern::GemvArgs a;
+    a.w = lm_.text_linear;
+    a.x = x_.get();
+    a.x_stride = D;
+    a.N = V;
+    a.K = D;
+    a.alpha = lm_.out_norm;
+    a.yf = logits_.get();
+    a.y_stride = V;
+    kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
+  }
+  auto sample = [&](int stream_index, const float* logits, int n) {
+    kern::SampleArgs a;
+    a.logits = logits;
+    a.logits_stride = n;
+    a.n = n;
+    a.temp = temp_.get() + (stream_index == 0 ? 0 : 1);
+    a.top_k = top_k_.get() + (stream_index == 0 ? 0 : 1);
+    a.seed = seed_.get();
+    a.counter = counter_.get();
+    a.stream_id = stream_index;
+    a.force = force + stream_index;
+    a.target = target + stream_index;
+    a.provided = provided_.get() + stream_index;
+    a.sampled = sampled_.get() + stream_index;
+    a.next = next_.get();
+    kern::sample_tokens(a, 1, s);
+  };
+  sample(0, logits_.get(), V);
+
+  kern::RingArgs dring;
+  dring.C = S;
+  dring.H = c.depformer_num_heads;
+  dring.hd = DD / c.depformer_num_heads;
+  dring.slot = slot_.get();
+  const size_t dlayer_kv = static_cast<size_t>(S) * DD;
+  for (int st = 0; st < dep_steps_; ++st) {
+    kern::GemvArgs a;
+    a.w = lm_.depformer_in[st];
+    a.x = x_.get();
+    a.x_stride = D;
+    a.N = DD;
+    a.K = D;
+    a.alpha = lm_.out_norm;
+    a.y = z_.get();
+    a.y_stride = DD;
+    a.table = st == 0 ? lm_.depformer_text_emb : lm_.depformer_emb[st - 1];
+    a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
+    a.token = next_.get();
+    kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
+    for (int l = 0; l < c.depformer_num_layers; ++l) {
+      const CudaLm::Depformer& L = lm_.dep_layers[l];
+      dring.k = dk_cache_.get() + l * dlayer_kv;
+      dring.v = dv_cache_.get() + l * dlayer_kv;
+      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, z_.get(), 3 * DD, DD,
+           dqkv_.get(), L.norm1);
+      kern::depformer_attention(dqkv_.get(), dring, 1, st, datt_.get(), s);
+      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, datt_.get(), DD, DD,
+           z_.get());
+      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.lin_in[st], z_.get(), 2 * DH, DD, dgu_.get(), L.norm2);
+      gemv(GemvIn::kSiluGate, GemvOut::kResidual, L.lin_out[st], dgu_.get(), DD, DH, z_.get());
+    }
+    kern::GemvArgs h;
+    h.w = lm_.linears[st];
+    h.x = z_.get();
+    h.x_stride = DD;
+    h.N = c.card;
+    h.K = DD;
+    h.yf = logits_.get() + V + static_cast<size_t>(st) * c.card;
+    h.y_stride = c.card;
+    kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
+    sample(1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card);
+  }
+  kern::advance(pos_.get(), counter_.get(), slot_.get(), 1, s);
+  PPX_CUDA_CHECK(cudaMemcpyAsync(h_out_.get(), sampled_.get(), sampled_.bytes(), cudaMemcpyDeviceToHost, s));
+  PPX_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* logits) {
+  const LmConfig& c = lm_.config();
+  const int K = c.n_q + 1, S = c.dep_q;
+  int32_t* h = h_req_.get();
+  for (int k = 0; k < K; ++k) h[k] = static_cast<int32_t>(req.input[k]);
+  for (int i = 0; i < 1 + S; ++i) h[K + i] = req.force ? static_cast<int32_t>(req.force[i]) : -1;
+  for (int k = 0; k < K; ++k) h[K + 1 + S + k] = static_cast<int32_t>(req.target[k]);
+  h[2 * K + 1 + S] = req.embedding ? 1 : 0;
+  for (int k = 0; k < K; ++k) h_prov_[k] = req.provided[k];
+  if (req.embedding) std::memcpy(h_ext_.get(), req.embedding, c.dim * sizeof(float));
+  PPX_CUDA_CHECK(cudaEventRecord(ev0_, stream_));
+  PPX_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+  PPX_CUDA_CHECK(cudaEventRecord(ev1_, stream_));
+  std::vector<float> host_logits;
+  if (logits) {
+    logits->text.resize(c.text_card);
+    logits->audio.assign(static_cast<size_t>(S) * c.card, NAN);
+    PPX_CUDA_CHECK(cudaMemcpyAsync(logits->text.data(), logits_.get(), c.text_card * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    PPX_CUDA_CHECK(cudaMemcpyAsync(logits->audio.data(), logits_.get() + c.text_card,
+                                   static_cast<size_t>(dep_steps_) * c.card * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+  }
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
+  out.text = h_out_[0];
+  out.audio.assign(S, -1);
+  for (int st = 0; st < dep_steps_; ++st) out.audio[st] = h_out_[1 + st];
+}
+
+}  // namespace ppx::cuda

@@ -1,0 +1,58 @@
+// Mimi on CUDA: fp32, streaming, graph-capturable; numerically the CPU reference ppx::Mimi.
+//
+// One CudaMimi holds the weights on the device and the streaming state of `slots` independent
+// streams (sessions), laid out [slot][...]. encode/decode only enqueue kernels on the given stream:
+// no allocation, no host synchronisation and no host-side state that changes between calls. Every
+// streaming position (conv histories, transposed-conv carries, KV-ring positions, RoPE offsets) is
+// derived from per-slot frame counters in device memory that the kernels themselves advance, so a
+// sequence captured once in a CUDA graph can be replayed every frame. Calls on one slot and one
+// direction must be ordered (same stream, or events); different slots, and the encoder and decoder
+// of one slot, may run concurrently on different streams.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ppx/config.h"
+
+namespace ppx {
+class WeightSource;
+}
+
+namespace ppx::cuda {
+
+class CudaMimi {
+ public:
+  // Loads the same tensors as ppx::Mimi (same keys and shapes; codebooks precomputed as
+  // embedding_sum / max(cluster_usage, 1e-5)) and uploads them as fp32. Allocates the state and
+  // activations of `slots` streams, all reset. Uses the current CUDA device.
+  CudaMimi(const MimiConfig& c, WeightSource& w, int slots);
+  ~CudaMimi();
+  CudaMimi(const CudaMimi&) = delete;
+  CudaMimi& operator=(const CudaMimi&) = delete;
+
+  int frame_samples() const;
+  int num_codebooks() const;
+  int slots() const;
+  size_t weight_bytes() const;  // device memory held by the weights
+
+  // Graph-safe resets (async on s, no host sync): the next encode/decode of the slot behaves like
+  // the first after construction.
+  void reset_encoder(int slot, cudaStream_t s);
+  void reset_decoder(int slot, cudaStream_t s);
+
+  // d_pcm: device [frame_samples] f32 -> d_codes: device [num_codebooks] int32.
+  void encode(int slot, const float* d_pcm, int32_t* d_codes, cudaStream_t s);
+  // d_codes: device [num_codebooks] int32 in [0, bins) (others are clamped) -> d_pcm: device
+  // [frame_samples] f32, not clamped.
+  void decode(int slot, const int32_t* d_codes, float* d_pcm, cudaStream_t s);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace ppx::cuda

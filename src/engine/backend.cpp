@@ -1,0 +1,55 @@
+#include "engine/backend.h"
+
+#include "ppx/error.h"
+#include "ppx/lm.h"
+#include "ppx/mimi.h"
+
+namespace ppx {
+namespace {
+
+// A CPU stepper that owns its sampler.
+class OwningCpuStepper : public LmStepper {
+ public:
+  OwningCpuStepper(const Lm& lm, const LmGenConfig& gen, uint64_t seed, int dep_steps)
+      : sampler_(gen, seed), inner_(lm, sampler_, dep_steps) {}
+  const LmConfig& config() const override { return inner_.config(); }
+  void reset() override { inner_.reset(); }
+  void run(const StepRequest& r, StepResult& o, StepLogits* l) override { inner_.run(r, o, l); }
+
+ private:
+  Sampler sampler_;
+  CpuLmStepper inner_;
+};
+
+class CpuBackend : public ModelBackend {
+ public:
+  CpuBackend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm) : mimi_(std::move(mimi)), lm_(std::move(lm)) {}
+  std::string device() const override { return "cpu"; }
+  std::unique_ptr<CodecStream> codec_stream(int) override {
+    if (!mimi_) throw Error("this CPU backend was built without Mimi");
+    return std::make_unique<CpuCodecStream>(*mimi_);
+  }
+  std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps) override {
+    if (!lm_) throw Error("this CPU backend was built without the LM");
+    return std::make_unique<OwningCpuStepper>(*lm_, gen, seed, dep_steps);
+  }
+  const Mimi* cpu_mimi() const override { return mimi_.get(); }
+
+ private:
+  std::unique_ptr<Mimi> mimi_;
+  std::unique_ptr<Lm> lm_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm) {
+  return std::make_unique<CpuBackend>(std::move(mimi), std::move(lm));
+}
+
+#ifndef PPX_HAVE_CUDA
+std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig&, WeightSource&, WeightSource*, uint64_t, int, bool) {
+  throw Error("--device cuda: this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)");
+}
+#endif
+
+}  // namespace ppx

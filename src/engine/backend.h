@@ -1,0 +1,70 @@
+// A loaded model on one backend (the CPU reference or the CUDA engine), from which sessions take
+// their codec streams and LM steppers. Weights are shared by all sessions of a backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ppx/config.h"
+#include "ppx/conversation.h"
+#include "ppx/lm_gen.h"
+
+namespace ppx {
+
+class WeightSource;
+class Mimi;
+class Lm;
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
+  // A codec stream for one session. `slot` indexes preallocated per-session state.
+  virtual std::unique_ptr<CodecStream> codec_stream(int slot) = 0;
+  // An LM stepper for one session, sampling with `gen` (greedy when !gen.use_sampling).
+  virtual std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps = -1) = 0;
+  // The CPU Mimi when this is the CPU backend (golden checks decode with it), else nullptr.
+  virtual const Mimi* cpu_mimi() const { return nullptr; }
+};
+
+// Takes ownership of CPU models.
+std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm);
+
+// The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device
+// (seed `random_seed`). `codec_slots`: codec streams that can exist at once. Throws ppx::Error
+// when the build has no CUDA backend or no GPU is usable.
+// `with_lm` false builds the codec only (lm_stepper then throws).
+std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
+                                                WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
+                                                bool with_lm = true);
+
+// Runs a second codec stream on the same audio and discards its output: upstream's server runs
+// such an "other_mimi", and the stock benchmark reproduces its cost.
+class MirroredCodecStream : public CodecStream {
+ public:
+  MirroredCodecStream(std::unique_ptr<CodecStream> main, std::unique_ptr<CodecStream> shadow)
+      : main_(std::move(main)), shadow_(std::move(shadow)), scratch_codes_(main_->num_codebooks()),
+        scratch_pcm_(main_->frame_samples()) {}
+  int frame_samples() const override { return main_->frame_samples(); }
+  int num_codebooks() const override { return main_->num_codebooks(); }
+  void reset() override {
+    main_->reset();
+    shadow_->reset();
+  }
+  void encode(const float* pcm, int32_t* codes) override {
+    main_->encode(pcm, codes);
+    shadow_->encode(pcm, scratch_codes_.data());
+  }
+  void decode(const int32_t* codes, float* pcm) override {
+    main_->decode(codes, pcm);
+    shadow_->decode(codes, scratch_pcm_.data());
+  }
+
+ private:
+  std::unique_ptr<CodecStream> main_, shadow_;
+  std::vector<int32_t> scratch_codes_;
+  std::vector<float> scratch_pcm_;
+};
+
+}  // namespace ppx
