@@ -3,10 +3,11 @@
 # golden checks and benchmarks. Everything lands in $OUT (JSON and logs); a summary prints last.
 set -u
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/devrun/lib:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-B=devrun/bin
+mkdir -p "$OUT" /tmp/devrun
+tar -xJf devpkg/devrun.tar.xz -C /tmp/devrun
+export LD_LIBRARY_PATH=/tmp/devrun/lib:${LD_LIBRARY_PATH:-}
+B=/tmp/devrun/bin
 D=tests/data
 frames=${FRAMES:-500}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
@@ -23,7 +24,7 @@ for v in stock skip-other-mimi; do
   $B/personaplex-bench --device cuda --random-weights --frames "$frames" $extra --out "$OUT/frame_cuda_$v.json" > "$OUT/bench_$v.log" 2>&1
   echo "bench $v rc=$?" >> "$OUT/summary.txt"
 done
-$B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 0 --out "$OUT/frame_cuda_dep0.json" > "$OUT/bench_dep0.log" 2>&1
+$B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8.json" > "$OUT/bench_dep8.log" 2>&1
 $B/personaplex-bench-mimi --device cuda --frames 200 --out "$OUT/mimi_cuda.json" > "$OUT/bench_mimi.log" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import json, sys, os
@@ -39,4 +40,6 @@ for f in sorted(os.listdir(d)):
         j = json.load(open(os.path.join(d, f)))
         print(f, "encode p50", j.get("encode_ms", {}).get("p50"), "decode p50", j.get("decode_ms", {}).get("p50"))
 PY
+# The tool returns at most 8 files: keep the summary and one archive of everything.
+(cd "$OUT" && tar -czf results.tar.gz --exclude=results.tar.gz --exclude=summary.txt . && find . -type f ! -name results.tar.gz ! -name summary.txt -delete)
 cat "$OUT/summary.txt"
