@@ -20,6 +20,8 @@ __device__ __forceinline__ bool visible(int idx, int E, int C, int q, int contex
 // One thread per rotation pair of q and of k, plus a copy of v.
 __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, RingArgs r, float c,
                                    int pairs_per_row) {
+  pdl_trigger();
+  pdl_wait();
   const int b = blockIdx.y;
   const int D = r.H * r.hd;
   const int pos = r.pos[r.slot[b]];
@@ -45,6 +47,8 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
 // grid (H, splits, B), kAttnWarps warps. Each warp runs an online softmax over its keys; the block
 // merges its warps and writes (m, l, acc[hd]) for its split.
 __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int splits, float* work) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, sp = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = r.H * r.hd, dpl = r.hd / 32;
@@ -98,6 +102,8 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
 
 // grid (H, B), hd threads: merges the splits.
 __global__ void attention_combine_kernel(const float* work, int H, int hd, int splits, __nv_bfloat16* out) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const float* wp = work + (static_cast<int64_t>(b) * H + h) * splits * (2 + hd);
   float M = -INFINITY;
@@ -115,6 +121,8 @@ __global__ void attention_combine_kernel(const float* work, int H, int hd, int s
 
 // grid (H, B), one warp: append this step's k, v, then attend over steps 0..step.
 __global__ void depformer_attention_kernel(const __nv_bfloat16* qkv, RingArgs r, int step, __nv_bfloat16* out) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
   const int D = r.H * r.hd, dpl = r.hd / 32;
   const int slot = r.slot[b];
@@ -156,7 +164,7 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
   const int pairs = r.H * r.hd / 2;
   const int threads = 256;
   const dim3 grid((pairs + threads - 1) / threads, B);
-  rope_append_kernel<<<grid, threads, 0, s>>>(qkv, q_out, r, c, pairs);
+  pdl_launch(rope_append_kernel, grid, dim3(threads), 0, s, qkv, q_out, r, c, pairs);
 }
 
 size_t attention_work_floats(int B, int H, int hd, int C) {
@@ -167,13 +175,14 @@ size_t attention_work_floats(int B, int H, int hd, int C) {
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s) {
   const int splits = (r.C + kSplit - 1) / kSplit;
-  attention_split_kernel<<<dim3(r.H, splits, B), kAttnWarps * 32, 0, s>>>(q, r, splits, work);
-  attention_combine_kernel<<<dim3(r.H, B), r.hd, 0, s>>>(work, r.H, r.hd, splits, out);
+  pdl_launch(attention_split_kernel, dim3(r.H, splits, B), dim3(kAttnWarps * 32), 0, s, q, r, splits, work);
+  pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), 0, s, static_cast<const float*>(work), r.H, r.hd,
+             splits, out);
 }
 
 void depformer_attention(const __nv_bfloat16* qkv, const RingArgs& r, int B, int step, __nv_bfloat16* out,
                          cudaStream_t s) {
-  depformer_attention_kernel<<<dim3(r.H, B), 32, 0, s>>>(qkv, r, step, out);
+  pdl_launch(depformer_attention_kernel, dim3(r.H, B), dim3(32), 0, s, qkv, r, step, out);
 }
 
 }  // namespace ppx::kern

@@ -81,29 +81,42 @@ __device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float 
   }
 }
 
+// kGateUp: each warp owns logical row n < N/2 and reads weight rows n and n + N/2 (R == 2).
 template <GemvIn IN, GemvOut OUT, int B, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [B, K]
   __shared__ float red[32];
-  stage_x<IN, B>(a, xs, red);
-
+  pdl_trigger();
+  constexpr bool kPairs = OUT == GemvOut::kGateUp;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row0 = (blockIdx.x * kWarps + warp) * R;
-  if (row0 >= a.N) return;
   const int K = a.K;
+  const int rows = kPairs ? a.N / 2 : a.N;
+  const int row0 = kPairs ? blockIdx.x * kWarps + warp : (blockIdx.x * kWarps + warp) * R;
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int n = kPairs ? min(row0, rows - 1) + r * rows : min(row0 + r, a.N - 1);
+    wrow[r] = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(n) * K);
+  }
+  // The weights do not depend on earlier kernels: start pulling them into L2 before waiting.
+  if (row0 < rows) {
+    const char* base;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      base = reinterpret_cast<const char*>(wrow[r]);
+      for (int off = lane * 128; off < K * 2; off += 32 * 128) prefetch_l2(base + off);
+    }
+  }
+  pdl_wait();
+  stage_x<IN, B>(a, xs, red);
+  if (row0 >= rows) return;
   float acc[R][B];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
 
-  const uint4* wrow[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int n = min(row0 + r, a.N - 1);
-    wrow[r] = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(n) * K);
-  }
   const int chunks = K / 8;
 #pragma unroll 4
   for (int c = lane; c < chunks; c += 32) {
@@ -128,11 +141,20 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
   if (lane == 0) {
+    if constexpr (kPairs) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (row0 + r < a.N) {
+      for (int b = 0; b < B; ++b) {
+        const float g = __bfloat162float(__float2bfloat16(acc[0][b]));
+        const float u = __bfloat162float(__float2bfloat16(acc[1][b]));
+        a.y[b * a.y_stride + row0] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+      }
+    } else {
 #pragma unroll
-        for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+      for (int r = 0; r < R; ++r) {
+        if (row0 + r < a.N) {
+#pragma unroll
+          for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+        }
       }
     }
   }
@@ -140,19 +162,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 
 template <GemvIn IN, GemvOut OUT, int B, int R>
 void launch(const GemvArgs& a, cudaStream_t s) {
-  const int rows_per_block = kWarps * R;
-  const int blocks = (a.N + rows_per_block - 1) / rows_per_block;
+  const int rows_per_block = OUT == GemvOut::kGateUp ? kWarps : kWarps * R;
+  const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
+  const int blocks = (rows + rows_per_block - 1) / rows_per_block;
   const size_t smem = static_cast<size_t>(a.K) * B * sizeof(__nv_bfloat16);
-  gemv_kernel<IN, OUT, B, R><<<blocks, kThreads, smem, s>>>(a);
+  pdl_launch(gemv_kernel<IN, OUT, B, R>, dim3(blocks), dim3(kThreads), smem, s, a);
 }
 
 template <GemvIn IN, GemvOut OUT, int B>
 void by_rows(const GemvArgs& a, cudaStream_t s) {
-  // Two rows per warp once there are enough rows to fill the GPU several times over.
-  if (a.N >= 8192) {
+  // Two rows per warp once there are enough rows to fill the GPU several times over; the gated
+  // projection always reads its two rows (gate, up) per warp.
+  if constexpr (OUT == GemvOut::kGateUp) {
     launch<IN, OUT, B, 2>(a, s);
   } else {
-    launch<IN, OUT, B, 1>(a, s);
+    if (a.N >= 8192) {
+      launch<IN, OUT, B, 2>(a, s);
+    } else {
+      launch<IN, OUT, B, 1>(a, s);
+    }
   }
 }
 
@@ -174,12 +202,15 @@ void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
     case GemvOut::kResidual: by_batch<IN, GemvOut::kResidual>(a, s); break;
     case GemvOut::kLogits: by_batch<IN, GemvOut::kLogits>(a, s); break;
     case GemvOut::kAddEmb: by_batch<IN, GemvOut::kAddEmb>(a, s); break;
+    case GemvOut::kGateUp: by_batch<IN, GemvOut::kGateUp>(a, s); break;
   }
 }
 
 template <GemvIn IN, GemvOut OUT, int B>
 void set_attrs_b() {
-  cudaFuncSetAttribute(gemv_kernel<IN, OUT, B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+  if constexpr (OUT != GemvOut::kGateUp) {
+    cudaFuncSetAttribute(gemv_kernel<IN, OUT, B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+  }
   cudaFuncSetAttribute(gemv_kernel<IN, OUT, B, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
 }
 template <GemvIn IN, GemvOut OUT>
@@ -195,6 +226,7 @@ void set_attrs_i() {
   set_attrs_o<IN, GemvOut::kResidual>();
   set_attrs_o<IN, GemvOut::kLogits>();
   set_attrs_o<IN, GemvOut::kAddEmb>();
+  set_attrs_o<IN, GemvOut::kGateUp>();
 }
 
 }  // namespace
@@ -207,6 +239,7 @@ void gemv_init() {
 
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.K % 8 != 0) throw std::runtime_error("gemv: K must be a multiple of 8");
+  if (out == GemvOut::kGateUp && a.N % 2 != 0) throw std::runtime_error("gemv: gate/up rows must be even");
   if (static_cast<int64_t>(a.K) * a.B * 2 > kMaxSmemBytes) throw std::runtime_error("gemv: K * B too large");
   switch (in) {
     case GemvIn::kPlain: by_out<GemvIn::kPlain>(out, a, s); break;

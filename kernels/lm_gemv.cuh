@@ -10,6 +10,8 @@
 //     kLogits    yf[n] = float(bf16(acc))                 (fp32 logits of a bf16 head)
 //     kAddEmb    y[n] = bf16(bf16(acc) + table[tok][n])  (depformer input + token embedding;
 //                                                         tok -1 adds nothing)
+//     kGateUp    y[n] = bf16(silu(bf16(acc_n)) * bf16(acc_{n+N/2})) for n < N/2: the gated FFN's
+//                activation fused into its input projection (rows [0, N/2) gate, [N/2, N) up)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,7 +22,7 @@
 namespace ppx::kern {
 
 enum class GemvIn { kPlain, kRmsNorm, kSiluGate };
-enum class GemvOut { kStore, kResidual, kLogits, kAddEmb };
+enum class GemvOut { kStore, kResidual, kLogits, kAddEmb, kGateUp };
 
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major
@@ -29,7 +31,7 @@ struct GemvArgs {
   int N = 0, K = 0, B = 1;           // K % 8 == 0, 1 <= B <= 4
   const __nv_bfloat16* alpha = nullptr;  // kRmsNorm: [K]
   float eps = 1e-8f;
-  __nv_bfloat16* y = nullptr;        // kStore / kResidual / kAddEmb: [B, y_stride]
+  __nv_bfloat16* y = nullptr;        // kStore / kResidual / kAddEmb / kGateUp: [B, y_stride]
   float* yf = nullptr;               // kLogits: [B, y_stride]
   int64_t y_stride = 0;
   const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]

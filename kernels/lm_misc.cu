@@ -2,6 +2,13 @@
 #include "lm_misc.cuh"
 
 namespace ppx::kern {
+
+namespace {
+bool g_pdl = false;
+}  // namespace
+void set_pdl(bool on) { g_pdl = on; }
+bool pdl_enabled() { return g_pdl; }
+
 namespace {
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -42,6 +49,8 @@ constexpr int kSampleThreads = 1024;
 
 // One block per batch row.
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
+  pdl_trigger();
+  pdl_wait();
   const int b = blockIdx.x;
   const float* lg = a.logits + b * a.logits_stride;
   const int n = a.n;
@@ -121,17 +130,31 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
           if ((key & mask) == (prefix & mask)) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-          uint32_t rem = s_remaining, digit = 0;
-          for (int d = 255; d >= 0; --d) {
-            if (hist[d] >= rem) {
-              digit = d;
-              break;
-            }
-            rem -= hist[d];
+        if (warp == 0) {
+          // Lane l owns bins 255-8l .. 248-8l (largest first); an exclusive scan over lanes finds
+          // the lane holding the k-th largest, which then walks its 8 bins.
+          uint32_t own = 0;
+          for (int j = 0; j < 8; ++j) own += hist[255 - 8 * lane - j];
+          uint32_t incl = own;
+          for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
           }
-          s_prefix = prefix | (digit << shift);
-          s_remaining = rem;
+          const uint32_t excl = incl - own, rem = s_remaining;
+          const unsigned hit = __ballot_sync(0xffffffffu, incl >= rem && excl < rem);
+          if (lane == __ffs(hit) - 1) {
+            uint32_t r = rem - excl, digit = 0;
+            for (int j = 0; j < 8; ++j) {
+              const int d = 255 - 8 * lane - j;
+              if (hist[d] >= r) {
+                digit = d;
+                break;
+              }
+              r -= hist[d];
+            }
+            s_prefix = prefix | (digit << shift);
+            s_remaining = r;
+          }
         }
         __syncthreads();
       }
@@ -159,6 +182,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
 }
 
 __global__ void advance_kernel(int32_t* pos, uint64_t* counter, const int32_t* slot, int B) {
+  pdl_wait();
   const int b = threadIdx.x;
   if (b < B) {
     if (pos) pos[slot[b]] += 1;
@@ -189,10 +213,14 @@ void embed_sum(const __nv_bfloat16* const* tables, const int32_t* rows, int stre
   embed_kernel<<<dim3((D + threads - 1) / threads, B), threads, 0, s>>>(tables, rows, streams, tok, use_ext, ext, D, x);
 }
 
-void sample_tokens(const SampleArgs& a, int B, cudaStream_t s) { sample_kernel<<<B, kSampleThreads, 0, s>>>(a); }
+void sample_tokens(const SampleArgs& a, int B, cudaStream_t s) {
+  // Small vocabularies (audio, 2048) are done faster by fewer threads.
+  const int threads = a.n > 4096 ? kSampleThreads : 256;
+  pdl_launch(sample_kernel, dim3(B), dim3(threads), 0, s, a);
+}
 
 void advance(int32_t* pos, uint64_t* counter, const int32_t* slot, int B, cudaStream_t s) {
-  advance_kernel<<<1, 32 * ((B + 31) / 32), 0, s>>>(pos, counter, slot, B);
+  pdl_launch(advance_kernel, dim3(1), dim3(32 * ((B + 31) / 32)), 0, s, pos, counter, slot, B);
 }
 
 void fill_random_bf16(__nv_bfloat16* w, int64_t n, uint64_t seed, float scale, float offset, cudaStream_t s) {

@@ -25,7 +25,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   constexpr int E = HD / 32;  // dims per lane when summing values
   extern __shared__ __align__(16) float sm[];
   __shared__ float scratch[32];
-  pdl_trigger();
   const int h = blockIdx.x, b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
   const int T = p.tokens, C = p.capacity, D = p.dim, TH = T * HD;
@@ -120,11 +119,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   for (int t = 0; t < 2; ++t)
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[t][e] = 0.f;
+  constexpr int U = 16;  // slots per batch of loads in flight
   const float* vbase = vc + h * HD + lane * E;
-  for (int idx0 = warp; idx0 < C; idx0 += 4 * nwarps) {
-    float vv[4][E], pr[4][2];
+  for (int idx0 = warp; idx0 < C; idx0 += U * nwarps) {
+    float vv[U][E], pr[U][2];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int idx = idx0 + u * nwarps;
       const int ic = idx < C ? idx : 0;
 #pragma unroll
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       for (int t = 0; t < 2; ++t) pr[u][t] = (idx < C && t < T) ? sc[t * C + ic] : 0.f;
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll

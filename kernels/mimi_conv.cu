@@ -32,7 +32,8 @@ bool pdl_supported() {
 
 namespace {
 
-constexpr int kMaxSplit = 8;  // conv_direct: max blockDim.y
+constexpr int kMaxSplit = 16;  // conv_direct: max blockDim.y
+constexpr int kGemvWarps = 8;  // conv_gemv: warps per block
 
 // x'[i, m] of one slot (see mimi_conv.cuh). load() always dereferences a valid address and selects,
 // so unrolled loops can issue their loads together.
@@ -80,12 +81,11 @@ __device__ __forceinline__ void write_history(const ConvParams& p, const Src& sr
 template <int OB, int KT>
 __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams p, Batch batch) {
   __shared__ float red[kMaxSplit][OB][32];
-  pdl_trigger();
   const int b = blockIdx.z, slot = batch.slots[b];
   const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
   const int t_out = conv_t_out(p), cin = p.cin, K = KT > 0 ? KT : p.kernel, S = p.stride;
   const int n = blockIdx.x * 32 + tx, o0 = blockIdx.y * OB;
-  const size_t wrow = static_cast<size_t>(cin) * K;  // floats per output channel
+  const int wrow = cin * K;  // floats per output channel (< 2^31 for any Mimi layer)
   const float* w0 = p.w + static_cast<size_t>(o0) * wrow;
   pdl_wait();
   float* hist_w;
@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams 
       if (m0 >= src.ctx) {
         // All taps inside this call's input.
         const float* xb = src.x + (m0 - src.ctx) * src.st;
-#pragma unroll 2
+#pragma unroll 4
         for (int i = ty; i < cin; i += split) {
           const float* xi = xb + i * src.sc;
-          const float* wi = w0 + static_cast<size_t>(i) * K;
+          const float* wi = w0 + i * K;
           float xv[KT > 0 ? KT : 1];
           if constexpr (KT > 0) {
 #pragma unroll
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams 
         }
       } else {
         for (int i = ty; i < cin; i += split) {
-          const float* wi = w0 + static_cast<size_t>(i) * K;
+          const float* wi = w0 + i * K;
           for (int j = 0; j < K; ++j) {
             const float xv = src.load(i, m0 + j);
 #pragma unroll
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams 
 #pragma unroll 4
       for (int i = ty; i < cin; i += split) {
         const float xa = src.load(i, nn + 1), xb = src.load(i, nn);
-        const float* wi = w0 + static_cast<size_t>(i) * K;
+        const float* wi = w0 + i * K;
 #pragma unroll
         for (int q = 0; q < OB; ++q) {
           acc[q] = fmaf(__ldg(wi + q * wrow + r), xa, acc[q]);
@@ -167,79 +167,84 @@ __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams 
   if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x * gridDim.y);
 }
 
-// grid (ceil(cout / warps), B), block 32 * warps, dynamic smem conv_gemv_smem_bytes().
+// grid (ceil(cout / rows), B) with rows = kGemvWarps / ksplit output channels per block, block
+// 32 * kGemvWarps, dynamic smem conv_gemv_smem_bytes(). The ksplit warps of a channel take
+// interleaved shares of its reduction and are summed in shared memory in a fixed order.
+// x' is staged transposed, [L][cin + 4], so a lane reads its 4 input channels with one LDS.128.
 template <int TN>
-__global__ void __launch_bounds__(256) conv_gemv_kernel(ConvParams p, Batch batch) {
-  extern __shared__ float xs[];  // [cin][L] then, transposed only, red [warps][32][TN]
-  pdl_trigger();
+__global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p, Batch batch, int ksplit) {
+  extern __shared__ __align__(16) float xs[];  // [L][cin + 4], then red
   const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int cin = p.cin, K = p.kernel, S = p.stride;
-  const int warp = tid >> 5, lane = tid & 31;
-  const int o = blockIdx.x * (nthreads >> 5) + warp;
-  const int G = 32 / K, nb = cin / 4;
-  const int g = lane / K, j = lane - g * K;
+  const int warp = tid >> 5, lane = tid & 31, warps = nthreads >> 5;
+  const int o = blockIdx.x * (warps / ksplit) + warp / ksplit, slice = warp % ksplit;
+  const int G = 32 / K, GT = G * ksplit, nb = cin / 4;
+  const int g = lane / K, j = lane - g * K, gi = slice * G + g;
   const bool active = o < p.cout && g < G;
   const float4* w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(active ? o : 0) * nb * K + j;
   auto load_batch = [&](float4* wv, int ib0) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int ib = ib0 + u * G;
+      const int ib = ib0 + u * GT;
       wv[u] = active && ib < nb ? __ldg(w4 + static_cast<size_t>(ib) * K) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   float4 wv[4];
-  load_batch(wv, g);  // independent of earlier kernels: overlaps their tail
+  load_batch(wv, gi);  // independent of earlier kernels: overlaps their tail
   pdl_wait();
 
   float* hist_w;
   const Src src = make_src(p, b, slot, &hist_w);
-  const int ctx = src.ctx, L = ctx + p.t_in, n_x = cin * L;
-  // Stage x' with 8 loads in flight per thread.
-  for (int e0 = tid; e0 < n_x; e0 += 8 * nthreads) {
-    float v[8];
+  const int ctx = src.ctx, L = ctx + p.t_in, n_x = cin * L, ldx = cin + 4;
+  // Stage x' (read in input order, 16 loads in flight per thread).
+  for (int e0 = tid; e0 < n_x; e0 += 16 * nthreads) {
+    float v[16];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < 16; ++u) {
       const int e = min(e0 + u * nthreads, n_x - 1), i = e / L;
       v[u] = src.load(i, e - i * L);
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
-      if (e0 + u * nthreads < n_x) xs[e0 + u * nthreads] = v[u];
+    for (int u = 0; u < 16; ++u) {
+      const int e = e0 + u * nthreads, i = e / L;
+      if (e < n_x) xs[(e - i * L) * ldx + i] = v[u];
+    }
   }
   __syncthreads();
   if (blockIdx.x == 0) {
     for (int e = tid; e < cin * ctx; e += nthreads) {
       const int i = e / ctx, m = e - i * ctx;
-      hist_w[e] = xs[i * L + p.t_in + m];
+      hist_w[e] = xs[(p.t_in + m) * ldx + i];
     }
   }
 
   // Number of accumulators in use, x' column of accumulator 0 and the column step between them.
   const int nv = p.transposed ? p.t_in : p.t_in / S;
   const int col0 = p.transposed ? (j >= S ? 0 : 1) : j;
-  const int step = p.transposed ? 1 : S;
+  const int nstride = (p.transposed ? 1 : S) * ldx;
   float acc[TN];
 #pragma unroll
   for (int n = 0; n < TN; ++n) acc[n] = 0.f;
   if (active) {
-    for (int ib0 = g; ib0 < nb; ib0 += 4 * G) {
+    const float* x0 = xs + col0 * ldx;
+    for (int ib0 = gi; ib0 < nb; ib0 += 4 * GT) {
       float4 nxt[4];
-      load_batch(nxt, ib0 + 4 * G);
+      load_batch(nxt, ib0 + 4 * GT);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int ib = ib0 + u * G;
+        const int ib = ib0 + u * GT;
         if (ib >= nb) break;
-        const float* xr = xs + 4 * ib * L + col0;
+        const float* xr = x0 + 4 * ib;
 #pragma unroll
         for (int n = 0; n < TN; ++n) {
           if (n < nv) {
-            const int c = n * step;
+            const float4 xv = *reinterpret_cast<const float4*>(xr + n * nstride);
             float a = acc[n];
-            a = fmaf(wv[u].x, xr[c], a);
-            a = fmaf(wv[u].y, xr[L + c], a);
-            a = fmaf(wv[u].z, xr[2 * L + c], a);
-            a = fmaf(wv[u].w, xr[3 * L + c], a);
+            a = fmaf(wv[u].x, xv.x, a);
+            a = fmaf(wv[u].y, xv.y, a);
+            a = fmaf(wv[u].z, xv.z, a);
+            a = fmaf(wv[u].w, xv.w, a);
             acc[n] = a;
           }
         }
@@ -249,27 +254,37 @@ __global__ void __launch_bounds__(256) conv_gemv_kernel(ConvParams p, Batch batc
     }
   }
 
+  float* red = xs + L * ldx;
+  const int lead = warp - slice;  // first warp of this output channel
   if (!p.transposed) {
+    // red [warps][TN]: per-warp sums; the channel's outputs add its ksplit warps in order.
 #pragma unroll
-    for (int n = 0; n < TN; ++n) acc[n] = warp_sum(acc[n]);
-    if (lane == 0 && o < p.cout) {
-#pragma unroll
-      for (int n = 0; n < TN; ++n)
-        if (n < nv) store_output(p, b, slot, o, n, acc[n]);
+    for (int n = 0; n < TN; ++n) {
+      const float v = warp_sum(acc[n]);
+      if (lane == 0) red[warp * TN + n] = v;
+    }
+    __syncthreads();
+    if (slice == 0 && lane < nv && o < p.cout) {
+      float v = red[lead * TN + lane];
+      for (int q = 1; q < ksplit; ++q) v += red[(lead + q) * TN + lane];
+      store_output(p, b, slot, o, lane, v);
     }
   } else {
-    // Output n*S + r sums lanes with tap r (x[n]) and tap r + S (x[n-1]) over the G groups.
-    float* red = xs + cin * L + warp * 32 * TN;
+    // red [warps][32][TN]. Output n*S + r sums lanes with tap r (x[n]) and tap r + S (x[n-1]) over
+    // the groups of all ksplit warps.
 #pragma unroll
-    for (int n = 0; n < TN; ++n) red[lane * TN + n] = acc[n];
-    __syncwarp();
-    if (o < p.cout) {
+    for (int n = 0; n < TN; ++n) red[(warp * 32 + lane) * TN + n] = acc[n];
+    __syncthreads();
+    if (slice == 0 && o < p.cout) {
       for (int q = lane; q < S * nv; q += 32) {
         const int n = q / S, r = q - n * S;
         float v = 0.f;
-        for (int gg = 0; gg < G; ++gg) {
-          v += red[(gg * K + r) * TN + n];
-          v += red[(gg * K + r + S) * TN + n];
+        for (int sl = 0; sl < ksplit; ++sl) {
+          const float* rw = red + (lead + sl) * 32 * TN;
+          for (int gg = 0; gg < G; ++gg) {
+            v += rw[(gg * K + r) * TN + n];
+            v += rw[(gg * K + r + S) * TN + n];
+          }
         }
         store_output(p, b, slot, o, q, v);
       }
@@ -285,14 +300,20 @@ int gemv_tn(const ConvParams& p) {
   return 0;
 }
 
-// Warps per GEMV block: 8, or 4 when that is what it takes to spread over the GPU.
-int gemv_warps(const ConvParams& p) { return (p.cout + 7) / 8 >= 120 ? 8 : 4; }
+// Warps per output channel: enough for ~16 warps per SM over the whole launch, while each warp
+// keeps at least 2 float4 groups of its row per lane.
+int gemv_ksplit(const ConvParams& p) {
+  const int G = 32 / p.kernel, nb = p.cin / 4;
+  int ks = 1;
+  while (ks < kGemvWarps && p.cout * ks < 2048 && nb >= G * ks * 2 * 2) ks *= 2;
+  return ks;
+}
 
 template <int TN>
 void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
-  const int warps = gemv_warps(p);
-  const dim3 grid((p.cout + warps - 1) / warps, batch.count);
-  launch(conv_gemv_kernel<TN>, grid, dim3(32 * warps), conv_gemv_smem_bytes(p), s, p, batch);
+  const int ks = gemv_ksplit(p), rows = kGemvWarps / ks;
+  const dim3 grid((p.cout + rows - 1) / rows, batch.count);
+  launch(conv_gemv_kernel<TN>, grid, dim3(32 * kGemvWarps), conv_gemv_smem_bytes(p), s, p, batch, ks);
 }
 
 template <int OB, int KT>
@@ -321,7 +342,9 @@ void conv_direct(const ConvParams& p, const Batch& batch, cudaStream_t s) {
   int ob = p.cout % 4 == 0 ? 4 : p.cout % 2 == 0 ? 2 : 1;
   // Fewer channels per thread when that is what it takes to fill the GPU.
   while (ob > 1 && t_blocks * (p.cout / ob) < 256) ob /= 2;
-  const int split = p.cin < kMaxSplit ? p.cin : kMaxSplit;
+  // 16 input-channel groups pay off from 128 input channels (and for the single-output final conv).
+  const int want = p.cin >= 128 || p.cout < 4 ? kMaxSplit : kMaxSplit / 2;
+  const int split = p.cin < want ? p.cin : want;
   switch (ob) {
     case 4: launch_direct_k<4>(p, batch, split, s); break;
     case 2: launch_direct_k<2>(p, batch, split, s); break;
@@ -336,9 +359,9 @@ bool conv_gemv_supported(const ConvParams& p) {
 }
 
 size_t conv_gemv_smem_bytes(const ConvParams& p) {
-  size_t floats = static_cast<size_t>(p.cin) * (conv_ctx(p) + p.t_in);
-  if (p.transposed) floats += static_cast<size_t>(gemv_warps(p)) * 32 * gemv_tn(p);
-  return floats * sizeof(float);
+  const size_t xs = static_cast<size_t>(p.cin + 4) * (conv_ctx(p) + p.t_in);
+  const size_t red = static_cast<size_t>(kGemvWarps) * (p.transposed ? 32 : 1) * gemv_tn(p);
+  return (xs + red) * sizeof(float);
 }
 
 cudaError_t conv_gemv_reserve_smem(size_t bytes) {

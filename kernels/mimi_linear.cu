@@ -40,7 +40,6 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch 
   constexpr int din = NV * 128, row4 = din / 4, total4 = TT * row4, per = (total4 + kThreads - 1) / kThreads;
   __shared__ __align__(16) float4 xs[total4];  // normalised input [TT][din]
   __shared__ double red[TT][kWarps];
-  pdl_trigger();
   const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int o = blockIdx.x * kWarps + warp;

@@ -48,7 +48,6 @@ __device__ __forceinline__ float dot_lanes(const float4 (&r)[kMaxPer], const flo
 // grid (ceil(2 dim / kProjWarps), B), block 32 * kProjWarps, dynamic smem in_dim floats.
 __global__ void __launch_bounds__(32 * kProjWarps) rvq_project_kernel(RvqEncodeParams p, Batch batch) {
   extern __shared__ __align__(16) float zs[];
-  pdl_trigger();
   const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int o = blockIdx.x * kProjWarps + warp;
@@ -75,7 +74,6 @@ __global__ void __launch_bounds__(32 * kSearchWarps) rvq_search_kernel(RvqEncode
   extern __shared__ __align__(16) float xs[];
   __shared__ float scratch[32];
   __shared__ unsigned long long best[kSearchWarps];
-  pdl_trigger();
   const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bpb = (p.bins + kEntries - 1) / kEntries;
@@ -147,7 +145,6 @@ __global__ void __launch_bounds__(32 * kSearchWarps) rvq_search_kernel(RvqEncode
 // grid (ceil(out_dim / kProjWarps), B), block 32 * kProjWarps, dynamic smem 2 * dim floats.
 __global__ void __launch_bounds__(32 * kProjWarps) rvq_decode_kernel(RvqDecodeParams p, Batch batch) {
   extern __shared__ __align__(16) float es[];  // [2][dim]: e_0[c_0], sum of the acoustic vectors
-  pdl_trigger();
   const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int dim = p.dim;

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_lm.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "lm_attention.cuh"
@@ -46,6 +47,11 @@ SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
 
 void CudaLm::allocate() {
   kern::gemv_init();
+  // Programmatic dependent launch needs compute capability 9.0 (Hopper) or newer.
+  int dev = 0, major = 0;
+  PPX_CUDA_CHECK(cudaGetDevice(&dev));
+  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  kern::set_pdl(major >= 9 && std::getenv("PPX_NO_PDL") == nullptr);
   const auto spec = lm_state_dict_spec(c_);
   size_t total = 0;
   for (const auto& [k, shape] : spec) total += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
@@ -249,7 +255,7 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
     a.K = Kd;
     a.alpha = alpha;
     a.y = y;
-    a.y_stride = N;
+    a.y_stride = out == GemvOut::kGateUp ? N / 2 : N;
     kern::gemv(in, out, a, s);
   };
   for (int l = 0; l < c.num_layers; ++l) {
@@ -260,8 +266,8 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
     kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
     kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
-    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
-    gemv(GemvIn::kSiluGate, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
   }
   // Text head on out_norm(x), then sampling; `next_` becomes the merged text token.
   {
@@ -324,8 +330,8 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
       kern::depformer_attention(dqkv_.get(), dring, 1, st, datt_.get(), s);
       gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, datt_.get(), DD, DD,
            z_.get());
-      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.lin_in[st], z_.get(), 2 * DH, DD, dgu_.get(), L.norm2);
-      gemv(GemvIn::kSiluGate, GemvOut::kResidual, L.lin_out[st], dgu_.get(), DD, DH, z_.get());
+      gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], z_.get(), 2 * DH, DD, dgu_.get(), L.norm2);
+      gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], dgu_.get(), DD, DH, z_.get());
     }
     kern::GemvArgs h;
     h.w = lm_.linears[st];
