@@ -15,6 +15,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSmemBytes = 100 * 1024;
+constexpr unsigned kEarlyTriggerBlocks = 384;
 
 __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -87,7 +88,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [B, K]
   __shared__ float red[32];
-  pdl_trigger();
+  // Small grids let the next kernel launch early (its blocks fit beside ours); large ones do not,
+  // since waiting blocks would take the slots this memory-bound kernel needs.
+  if (gridDim.x <= kEarlyTriggerBlocks) pdl_trigger();
   constexpr bool kPairs = OUT == GemvOut::kGateUp;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = a.K;
@@ -99,8 +102,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     const int n = kPairs ? min(row0, rows - 1) + r * rows : min(row0 + r, a.N - 1);
     wrow[r] = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(n) * K);
   }
-  // The weights do not depend on earlier kernels: start pulling them into L2 before waiting.
-  if (row0 < rows) {
+  // The weights do not depend on earlier kernels: a small grid (which may start early, beside its
+  // predecessor) pulls them into L2 before waiting. Large grids skip it: there the extra requests
+  // cost about 30% (measured on an H200, bench/results/h200_2026-12-02_v2).
+  if (gridDim.x <= kEarlyTriggerBlocks && row0 < rows) {
     const char* base;
 #pragma unroll
     for (int r = 0; r < R; ++r) {

@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
   __shared__ float red[32];
   __shared__ int redi[32];
   __shared__ uint32_t hist[256];
+  __shared__ uint32_t whist[kSampleThreads / 32][256];  // per-warp histograms: no atomic pile-up
   __shared__ uint32_t s_prefix, s_remaining;
   __shared__ int s_choice;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -121,13 +122,20 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
         s_remaining = k;
       }
       for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        const int nwarps = blockDim.x / 32;
+        for (int i = lane; i < 256; i += 32) whist[warp][i] = 0;
         __syncthreads();
         const uint32_t prefix = s_prefix;
         const uint32_t mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
           const uint32_t key = fkey(lg[i]);
-          if ((key & mask) == (prefix & mask)) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+          if ((key & mask) == (prefix & mask)) atomicAdd(&whist[warp][(key >> shift) & 0xffu], 1u);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+          uint32_t c = 0;
+          for (int w = 0; w < nwarps; ++w) c += whist[w][i];
+          hist[i] = c;
         }
         __syncthreads();
         if (warp == 0) {

@@ -5,11 +5,13 @@
 //   channels are split over blockDim.y groups whose partial sums are added in shared memory in group
 //   order. Weight reads are warp-uniform (broadcast). The kernel size is a template parameter where
 //   it is one of Mimi's, so the taps unroll and their loads issue together.
-// - conv_gemv: the weights dominate (up to 33 MB for a T=2 conv), so a warp owns one output channel
-//   and streams its row with float4 loads: lane = (g, j) with j the tap (fixed per lane) and g one of
-//   32/kernel groups of 4 input channels. Each lane keeps TN accumulators, one per output (conv) or
-//   per input sample (transposed), and reads x' from shared memory. Weight loads are double-buffered
-//   in registers and the first batch is issued before waiting on the previous kernel (PDL).
+// - conv_gemv: the weights dominate (up to 33 MB for a T=2 conv), so ksplit warps own one output
+//   channel and stream its row with float4 loads: lane = (g, j) with j the tap (fixed per lane) and g
+//   one of 32/kernel groups of 4 input channels. Each lane keeps TN accumulators, one per output
+//   (conv) or per input sample (transposed), and reads x' from shared memory, staged transposed so
+//   that its 4 channels are one LDS.128. Weight loads are double-buffered in registers and the first
+//   batch is issued before waiting on the previous kernel (PDL). Partial sums of the ksplit warps
+//   are added in shared memory in a fixed order, so results are deterministic.
 #include <cstdint>
 #include <cstdlib>
 

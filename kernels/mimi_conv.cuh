@@ -46,11 +46,12 @@ PPX_MIMI_HD inline int conv_ctx(const ConvParams& p) { return p.transposed ? 1 :
 PPX_MIMI_HD inline int conv_t_out(const ConvParams& p) { return p.transposed ? p.t_in * p.stride : p.t_in / p.stride; }
 
 // Thread per output (o, n) with a few output channels per thread and the input channels split over
-// blockDim.y; for long time axes (t_out >= ~32).
+// blockDim.y; for long time axes (t_out >= ~32). Any shape (transposed: kernel == 2 * stride).
 void conv_direct(const ConvParams& p, const Batch& batch, cudaStream_t s);
 
-// Warp per output channel, lanes split the contiguous (i, j) reduction with float4 weight loads; the
-// block stages x' in shared memory. For short time axes (t_out <= 16, or t_in <= 16 transposed).
+// Warps per output channel, lanes split the contiguous (i, j) reduction with float4 weight loads;
+// the block stages x' in shared memory. For short time axes (t_out <= 16, or t_in <= 16 transposed).
+// Needs cin % 4 == 0, kernel <= 32 and 16-byte aligned weights.
 bool conv_gemv_supported(const ConvParams& p);
 size_t conv_gemv_smem_bytes(const ConvParams& p);
 // Raises the dynamic shared-memory limit of the GEMV kernels to `bytes` (call once, before capture).
