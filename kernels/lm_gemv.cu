@@ -50,11 +50,45 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
         const float al = __bfloat162float(a.alpha[k]) * r;
         dst[k] = __float2bfloat16(__bfloat162float(x[k]) * al);
       }
-    } else {  // kSiluGate
+    } else if constexpr (IN == GemvIn::kSiluGate) {
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const float g = __bfloat162float(x[k]);
         const float u = __bfloat162float(x[K + k]);
         dst[k] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+      }
+    } else {  // kDepAttn: one warp per head (looping), lanes over head dims
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      const int hd = K / a.heads, dpl = hd / 32, E = a.step + 1;
+      const float scale = rsqrtf(static_cast<float>(hd));
+      for (int h = warp; h < a.heads; h += kWarps) {
+        const int off = h * hd + lane * dpl;
+        float qf[4], acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < dpl; ++j) qf[j] = __bfloat162float(x[off + j]);
+        float m = -INFINITY, l = 0.f;
+        for (int idx = 0; idx < a.ring; ++idx) {
+          // Upstream's ring visibility with E = step + 1 tokens and no context limit.
+          if (idx >= E) continue;
+          const int delta = idx - E % a.ring;
+          const int label = delta <= 0 ? E + delta : E + delta - a.ring;
+          if (label < 0 || a.step - label < 0) continue;
+          const __nv_bfloat16* kp = idx == a.step ? x + K + off : a.kc + static_cast<int64_t>(idx) * K + off;
+          const __nv_bfloat16* vp = idx == a.step ? x + 2 * K + off : a.vc + static_cast<int64_t>(idx) * K + off;
+          float sd = 0.f;
+          for (int j = 0; j < dpl; ++j) sd += qf[j] * __bfloat162float(kp[j]);
+          sd = warp_sum(sd) * scale;
+          const float mn = fmaxf(m, sd), corr = expf(m - mn), p = expf(sd - mn);
+          l = l * corr + p;
+          for (int j = 0; j < dpl; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vp[j]);
+          m = mn;
+        }
+        for (int j = 0; j < dpl; ++j) dst[off + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);
+      }
+      if (blockIdx.x == 0) {  // append this step's key and value for the later steps
+        const int64_t slot = static_cast<int64_t>(a.step % a.ring) * K;
+        for (int k = threadIdx.x; k < K; k += kThreads) {
+          a.kc[slot + k] = x[K + k];
+          a.vc[slot + k] = x[2 * K + k];
+        }
       }
     }
   }
@@ -202,12 +236,17 @@ void by_batch(const GemvArgs& a, cudaStream_t s) {
 
 template <GemvIn IN>
 void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
-  switch (out) {
-    case GemvOut::kStore: by_batch<IN, GemvOut::kStore>(a, s); break;
-    case GemvOut::kResidual: by_batch<IN, GemvOut::kResidual>(a, s); break;
-    case GemvOut::kLogits: by_batch<IN, GemvOut::kLogits>(a, s); break;
-    case GemvOut::kAddEmb: by_batch<IN, GemvOut::kAddEmb>(a, s); break;
-    case GemvOut::kGateUp: by_batch<IN, GemvOut::kGateUp>(a, s); break;
+  if constexpr (IN == GemvIn::kDepAttn) {
+    if (out != GemvOut::kResidual || a.B != 1) throw std::runtime_error("gemv: kDepAttn needs kResidual, B = 1");
+    launch<IN, GemvOut::kResidual, 1, 1>(a, s);
+  } else {
+    switch (out) {
+      case GemvOut::kStore: by_batch<IN, GemvOut::kStore>(a, s); break;
+      case GemvOut::kResidual: by_batch<IN, GemvOut::kResidual>(a, s); break;
+      case GemvOut::kLogits: by_batch<IN, GemvOut::kLogits>(a, s); break;
+      case GemvOut::kAddEmb: by_batch<IN, GemvOut::kAddEmb>(a, s); break;
+      case GemvOut::kGateUp: by_batch<IN, GemvOut::kGateUp>(a, s); break;
+    }
   }
 }
 
@@ -240,6 +279,8 @@ void gemv_init() {
   set_attrs_i<GemvIn::kPlain>();
   set_attrs_i<GemvIn::kRmsNorm>();
   set_attrs_i<GemvIn::kSiluGate>();
+  cudaFuncSetAttribute(gemv_kernel<GemvIn::kDepAttn, GemvOut::kResidual, 1, 1>,
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
 }
 
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
@@ -250,6 +291,7 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     case GemvIn::kPlain: by_out<GemvIn::kPlain>(out, a, s); break;
     case GemvIn::kRmsNorm: by_out<GemvIn::kRmsNorm>(out, a, s); break;
     case GemvIn::kSiluGate: by_out<GemvIn::kSiluGate>(out, a, s); break;
+    case GemvIn::kDepAttn: by_out<GemvIn::kDepAttn>(out, a, s); break;
   }
 }
 

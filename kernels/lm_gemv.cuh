@@ -4,6 +4,10 @@
 //     kPlain     x
 //     kRmsNorm   x * (alpha * rsqrt(mean(x^2) + eps)), fp32 math
 //     kSiluGate  silu(g) * u with x = [g | u] (each [K]), fp32 math, rounded once
+//     kDepAttn   the depformer's attention output for this step: x = this step's [q | k | v]
+//                ([3K]), earlier steps' keys and values from the per-frame ring (kc, vc); softmax
+//                in fp32 with upstream's visibility rule; block 0 also appends k, v at slot
+//                `step`. Only with kResidual (the attention output projection).
 //   epilogue on acc = sum_k W[n, k] * x[k] (fp32), rounded to bf16 first as a bf16 GEMM is:
 //     kStore     y[n] = bf16(acc)
 //     kResidual  y[n] = bf16(y[n] + bf16(acc))            (the residual add of the stream)
@@ -21,7 +25,7 @@
 
 namespace ppx::kern {
 
-enum class GemvIn { kPlain, kRmsNorm, kSiluGate };
+enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kDepAttn };
 enum class GemvOut { kStore, kResidual, kLogits, kAddEmb, kGateUp };
 
 struct GemvArgs {
@@ -37,6 +41,9 @@ struct GemvArgs {
   const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]
   const int32_t* token = nullptr;        // kAddEmb: [B] device token ids
   int table_rows = 0;
+  __nv_bfloat16* kc = nullptr;  // kDepAttn: key ring [ring, K] of batch row 0 (B == 1)
+  __nv_bfloat16* vc = nullptr;  // kDepAttn: value ring [ring, K]
+  int step = 0, heads = 1, ring = 1;  // kDepAttn: depformer step, heads (K / heads = 64 or 128), ring size
 };
 
 // Must be called once before the first launch (and before graph capture).

@@ -153,6 +153,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
     : lm_(lm), sp_(sp) {
   const LmConfig& c = lm.config();
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
+  separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_SEPARATE") != nullptr;
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -327,9 +328,27 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
       dring.v = dv_cache_.get() + l * dlayer_kv;
       gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, z_.get(), 3 * DD, DD,
            dqkv_.get(), L.norm1);
-      kern::depformer_attention(dqkv_.get(), dring, 1, st, datt_.get(), s);
-      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, datt_.get(), DD, DD,
-           z_.get());
+      if (separate_dep_attention_) {
+        kern::depformer_attention(dqkv_.get(), dring, 1, st, datt_.get(), s);
+        gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, datt_.get(), DD,
+             DD, z_.get());
+      } else {
+        // Attention over the steps so far, computed while staging the output projection's input.
+        kern::GemvArgs o;
+        o.w = L.out_proj + static_cast<size_t>(st) * DD * DD;
+        o.x = dqkv_.get();
+        o.x_stride = 3 * DD;
+        o.N = DD;
+        o.K = DD;
+        o.y = z_.get();
+        o.y_stride = DD;
+        o.kc = dring.k;
+        o.vc = dring.v;
+        o.step = st;
+        o.heads = c.depformer_num_heads;
+        o.ring = S;
+        kern::gemv(GemvIn::kDepAttn, GemvOut::kResidual, o, s);
+      }
       gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], z_.get(), 2 * DH, DD, dgu_.get(), L.norm2);
       gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], dgu_.get(), DD, DH, z_.get());
     }
