@@ -13,3 +13,6 @@ find_path(SENTENCEPIECE_INCLUDE sentencepiece_processor.h REQUIRED)
 if(PPX_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+# The server: Boost.Beast and Boost.Asio (header-only, libboost-dev) on POSIX threads.
+find_package(Boost 1.70 REQUIRED)
+find_package(Threads REQUIRED)

@@ -27,8 +27,7 @@ done
 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8.json" > "$OUT/bench_dep8.log" 2>&1
 PPX_NO_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_cuda_stock_nopdl.json" > "$OUT/bench_nopdl.log" 2>&1
 PPX_NO_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8_nopdl.json" > "$OUT/bench_dep8_nopdl.log" 2>&1
-PPX_DEP_ATTN_SEPARATE=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_sepattn.json" > "$OUT/bench_sepattn.log" 2>&1
-PPX_DEP_ATTN_SEPARATE=1 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/cuda_tests_sepattn.log" 2>&1; echo "cuda lm tests (separate dep attention) rc=$?" >> "$OUT/summary.txt"
+PPX_DEP_ATTN_FUSED=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_fusedattn.json" > "$OUT/bench_fusedattn.log" 2>&1
 $B/personaplex-bench-mimi --device cuda --frames 200 --out "$OUT/mimi_cuda.json" > "$OUT/bench_mimi.log" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import json, sys, os
@@ -45,5 +44,5 @@ for f in sorted(os.listdir(d)):
         print(f, "encode p50", j.get("encode_ms", {}).get("p50"), "decode p50", j.get("decode_ms", {}).get("p50"))
 PY
 # The tool returns at most 8 files: keep the summary and one archive of everything.
-(cd "$OUT" && tar -czf results.tar.gz --exclude=results.tar.gz --exclude=summary.txt . && find . -type f ! -name results.tar.gz ! -name summary.txt -delete)
+(cd "$OUT" && tar -czf /tmp/results.tar.gz --exclude=summary.txt . ; find . -type f ! -name summary.txt -delete; mv /tmp/results.tar.gz .)
 cat "$OUT/summary.txt"

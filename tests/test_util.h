@@ -1,6 +1,8 @@
 // Helpers for tests: paths of bundled data, scratch files.
 #pragma once
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,8 +13,10 @@ namespace ppx::test {
 inline std::string data(const std::string& name) { return std::string(PPX_TEST_DATA) + "/" + name; }
 inline std::string config_dir(const std::string& name) { return std::string(PPX_CONFIG_DIR) + "/" + name; }
 
+// A path in a scratch directory private to this process: ctest runs test cases as parallel
+// processes, so shared names would race.
 inline std::string scratch(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / "ppx_tests";
+  const auto dir = std::filesystem::temp_directory_path() / "ppx_tests" / std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

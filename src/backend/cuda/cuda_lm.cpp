@@ -153,7 +153,9 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
     : lm_(lm), sp_(sp) {
   const LmConfig& c = lm.config();
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
-  separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_SEPARATE") != nullptr;
+  // The fused depformer attention measured slower than the separate kernel on an H200 (LM step
+  // 12.1 vs 9.6 ms p50, bench/results/h200_2026-12-02_v3); it stays available for comparison.
+  separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_FUSED") == nullptr;
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -84,7 +84,7 @@ class CudaLmStepper : public LmStepper {
   const CudaLm& lm_;
   SamplingParams sp_;
   int dep_steps_;
-  bool separate_dep_attention_ = false;  // PPX_DEP_ATTN_SEPARATE: unfused path, for comparison
+  bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
