@@ -25,8 +25,8 @@ for v in stock skip-other-mimi; do
   echo "bench $v rc=$?" >> "$OUT/summary.txt"
 done
 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8.json" > "$OUT/bench_dep8.log" 2>&1
-PPX_NO_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_cuda_stock_nopdl.json" > "$OUT/bench_nopdl.log" 2>&1
-PPX_NO_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8_nopdl.json" > "$OUT/bench_dep8_nopdl.log" 2>&1
+PPX_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_cuda_stock_pdl.json" > "$OUT/bench_pdl.log" 2>&1
+PPX_PDL=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8_pdl.json" > "$OUT/bench_dep8_pdl.log" 2>&1
 PPX_DEP_ATTN_FUSED=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_fusedattn.json" > "$OUT/bench_fusedattn.log" 2>&1
 $B/personaplex-bench-mimi --device cuda --frames 200 --out "$OUT/mimi_cuda.json" > "$OUT/bench_mimi.log" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1

@@ -47,11 +47,13 @@ SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
 
 void CudaLm::allocate() {
   kern::gemv_init();
-  // Programmatic dependent launch needs compute capability 9.0 (Hopper) or newer.
+  // Programmatic dependent launch needs compute capability 9.0 (Hopper) or newer. It is opt-in
+  // (PPX_PDL=1): on an H200 it measured 0.6-1.4 ms slower per LM step than plain graph launches
+  // (bench/results/h200_2026-12-02_v3, _v4).
   int dev = 0, major = 0;
   PPX_CUDA_CHECK(cudaGetDevice(&dev));
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  kern::set_pdl(major >= 9 && std::getenv("PPX_NO_PDL") == nullptr);
+  kern::set_pdl(major >= 9 && std::getenv("PPX_PDL") != nullptr);
   const auto spec = lm_state_dict_spec(c_);
   size_t total = 0;
   for (const auto& [k, shape] : spec) total += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
