@@ -87,13 +87,7 @@ int bench(int argc, char** argv) {
                     {"mimi_decode", ppx::app::latency_stats(dec)}};
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
-  const std::string s = j.dump(2);
-  std::printf("%s\n", s.c_str());
-  if (!out.empty()) {
-    std::ofstream f(out);
-    f << s << "\n";
-    if (!f) throw ppx::Error("cannot write '" + out + "'");
-  }
+  ppx::app::emit_json(j, out);
   return 0;
 }
 

@@ -72,6 +72,15 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+void emit_json(const nlohmann::ordered_json& j, const std::string& path) {
+  const std::string s = j.dump(2);
+  std::printf("%s\n", s.c_str());
+  if (path.empty()) return;
+  std::ofstream f(path);
+  f << s << "\n";
+  if (!f) throw Error("cannot write '" + path + "'");
+}
+
 int run_main(int (*body)(int, char**), int argc, char** argv) {
   try {
     return body(argc, argv);

@@ -23,6 +23,10 @@ inline double now_ms() {
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
+// Prints a benchmark result (indented JSON) on stdout and, when `path` is not empty, writes it
+// there too. Throws ppx::Error when the file cannot be written.
+void emit_json(const nlohmann::ordered_json& j, const std::string& path);
+
 // Runs `body`, turning ppx::Error and other exceptions into "error: ..." on stderr and exit code 2.
 int run_main(int (*body)(int, char**), int argc, char** argv);
 
