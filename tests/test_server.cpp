@@ -322,6 +322,20 @@ TEST_F(ServerTest, ConversationOverWebSocket) {
   EXPECT_GT(energy, 0.0);
   c.drop();
   expect_healthy();
+  // /metrics (Prometheus text) counts the frames, the session and its end.
+  int status = 0;
+  const std::string metrics = http_get(port_, "/metrics", &status);
+  EXPECT_EQ(status, 200);
+  const auto value = [&](const std::string& name) {
+    const size_t at = metrics.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + name.size() + 2));
+  };
+  EXPECT_GE(value("personaplex_frames_total"), frames);
+  EXPECT_GE(value("personaplex_sessions_started_total"), 1.0);  // expect_healthy() opens one too
+  EXPECT_EQ(value("personaplex_sessions_in_use"), 0.0);
+  EXPECT_EQ(value("personaplex_frame_seconds_count"), value("personaplex_frames_total"));
+  EXPECT_NE(metrics.find("personaplex_sessions_ended_total{reason="), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("personaplex_frame_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
 }
 
 TEST_F(ServerTest, RandomBytesAsAudioGetAnErrorAndClose) {

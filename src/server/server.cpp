@@ -25,6 +25,7 @@
 #include "ppx/error.h"
 #include "ppx/ogg_opus.h"
 #include "server/http_util.h"
+#include "server/metrics.h"
 
 namespace ppx::server {
 
@@ -171,6 +172,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   bool stopping = false, stopped = false;
   std::list<std::weak_ptr<ChatSession>> sessions;
   std::mutex backend_mu;  // creating codec streams / steppers
+  Metrics metrics;
 
   int acquire_slot() {
     std::lock_guard<std::mutex> lk(mu);
@@ -245,6 +247,7 @@ class ChatSession : public std::enable_shared_from_this<ChatSession> {
     if (slot < 0)
       return reject("server busy: all " + std::to_string(srv_->opts.max_sessions) +
                     " sessions in use");
+    srv_->metrics.session_started();
     std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
                  p.voice_path.c_str(), p.text_prompt.size());
     {
@@ -259,6 +262,7 @@ class ChatSession : public std::enable_shared_from_this<ChatSession> {
   }
 
   void reject(const std::string& why) {
+    srv_->metrics.rejected(why);
     enqueue(message(kError, why.data(), why.size()));
     enqueue_close();
   }
@@ -292,6 +296,7 @@ class ChatSession : public std::enable_shared_from_this<ChatSession> {
       cv_.notify_all();
     } else {
       ++ignored_;  // other kinds (and empty messages) are ignored, as upstream does
+      srv_->metrics.ignored_message();
     }
     rbuf_.consume(rbuf_.size());
     do_read();
@@ -361,6 +366,7 @@ class ChatSession : public std::enable_shared_from_this<ChatSession> {
     std::fprintf(stderr, "session (slot %d): ended after %.1f s, %lld frames: %s\n", slot,
                  std::chrono::duration<double>(Clock::now() - t0).count(),
                  static_cast<long long>(frames_), why.c_str());
+    srv_->metrics.session_ended(why);
     enqueue_close();
     srv_->release_slot(slot);
   }
@@ -434,7 +440,10 @@ class ChatSession : public std::enable_shared_from_this<ChatSession> {
       }
       while (reader.available() >= static_cast<size_t>(fs)) {
         const std::vector<float> pcm = reader.take(static_cast<size_t>(fs));
+        const auto t_frame = Clock::now();
         const auto fr = conv.step(pcm.data());
+        srv_->metrics.frame(std::chrono::duration<double, std::milli>(Clock::now() - t_frame).count(),
+                            1000.0 * fs / sr);
         if (!fr) continue;
         const int64_t tok = fr->text_token;
         if (tok != 0 && tok != 3) {
@@ -514,6 +523,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       j["sessions_in_use"] = in_use;
       j["max_sessions"] = srv_->opts.max_sessions;
       return reply(req, http::status::ok, "application/json", j.dump() + "\n");
+    }
+    if (path == "/metrics") {
+      int in_use = 0;
+      {
+        std::lock_guard<std::mutex> lk(srv_->mu);
+        in_use = srv_->in_use;
+      }
+      return reply(req, http::status::ok, "text/plain; version=0.0.4",
+                   srv_->metrics.prometheus(in_use, srv_->opts.max_sessions));
     }
     if (path == "/api/voices") {
       return reply(req, http::status::ok, "application/json",

@@ -1,0 +1,83 @@
+#include "server/metrics.h"
+
+#include <sstream>
+
+namespace ppx::server {
+
+std::string Metrics::kind_of(const std::string& reason) {
+  std::string k = reason.substr(0, reason.find(':'));
+  for (char& c : k) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) c = c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : '_';
+  }
+  return k.empty() ? "unknown" : k.substr(0, 48);
+}
+
+void Metrics::session_started() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++sessions_started_;
+}
+
+void Metrics::session_ended(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++ended_[kind_of(reason)];
+}
+
+void Metrics::rejected(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++rejected_[kind_of(reason)];
+}
+
+void Metrics::ignored_message() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++ignored_;
+}
+
+void Metrics::frame(double ms, double budget_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++frames_;
+  frame_ms_sum_ += ms;
+  budget_misses_ += ms > budget_ms;
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    if (ms <= kBucketsMs[i]) ++buckets_[i];
+  }
+}
+
+std::string Metrics::prometheus(int sessions_in_use, int max_sessions) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::ostringstream o;
+  o << "# HELP personaplex_sessions_in_use Conversations holding a slot.\n"
+       "# TYPE personaplex_sessions_in_use gauge\npersonaplex_sessions_in_use "
+    << sessions_in_use << "\n";
+  o << "# HELP personaplex_sessions_max Slots (--max-sessions).\n"
+       "# TYPE personaplex_sessions_max gauge\npersonaplex_sessions_max "
+    << max_sessions << "\n";
+  o << "# HELP personaplex_sessions_started_total Conversations that got a slot.\n"
+       "# TYPE personaplex_sessions_started_total counter\npersonaplex_sessions_started_total "
+    << sessions_started_ << "\n";
+  o << "# HELP personaplex_sessions_ended_total Conversations ended, by reason.\n"
+       "# TYPE personaplex_sessions_ended_total counter\n";
+  for (const auto& [k, v] : ended_) o << "personaplex_sessions_ended_total{reason=\"" << k << "\"} " << v << "\n";
+  o << "# HELP personaplex_rejected_total Connections refused before a slot, by reason.\n"
+       "# TYPE personaplex_rejected_total counter\n";
+  for (const auto& [k, v] : rejected_) o << "personaplex_rejected_total{reason=\"" << k << "\"} " << v << "\n";
+  o << "# HELP personaplex_ignored_messages_total Client messages of unknown kinds.\n"
+       "# TYPE personaplex_ignored_messages_total counter\npersonaplex_ignored_messages_total "
+    << ignored_ << "\n";
+  o << "# HELP personaplex_frames_total Model frames computed.\n"
+       "# TYPE personaplex_frames_total counter\npersonaplex_frames_total "
+    << frames_ << "\n";
+  o << "# HELP personaplex_frame_budget_misses_total Frames that took longer than 80 ms.\n"
+       "# TYPE personaplex_frame_budget_misses_total counter\npersonaplex_frame_budget_misses_total "
+    << budget_misses_ << "\n";
+  o << "# HELP personaplex_frame_seconds Wall time of one frame (encode, LM step, decode).\n"
+       "# TYPE personaplex_frame_seconds histogram\n";
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    o << "personaplex_frame_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << buckets_[i] << "\n";
+  }
+  o << "personaplex_frame_seconds_bucket{le=\"+Inf\"} " << frames_ << "\n";
+  o << "personaplex_frame_seconds_sum " << frame_ms_sum_ / 1000.0 << "\n";
+  o << "personaplex_frame_seconds_count " << frames_ << "\n";
+  return o.str();
+}
+
+}  // namespace ppx::server
