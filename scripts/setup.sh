@@ -8,6 +8,8 @@ packages=(
   libboost-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   libopus-dev libogg-dev libsndfile1-dev libsoxr-dev libebur128-dev
   libsentencepiece-dev sentencepiece
+  libssl-dev openssl
+  chromium  # the browser test of the web client (headless)
 )
 
 missing=()

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -161,6 +164,11 @@ class Client {
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().close(ec);
   }
+  void reset() {  // vanish abruptly: the peer sees a TCP reset (RST), not a FIN
+    beast::error_code ec;
+    beast::get_lowest_layer(ws_).socket().set_option(net::socket_base::linger(true, 0), ec);
+    beast::get_lowest_layer(ws_).socket().close(ec);
+  }
 
  private:
   net::io_context ioc_;
@@ -210,7 +218,7 @@ class ServerTest : public ::testing::Test {
   }
 
   void start(int max_sessions, double idle_s, double ping_s = 2.0,
-             const std::string& static_dir = "") {
+             const std::string& static_dir = "", const std::string& ssl_dir = "") {
     if (server_) server_->stop();
     ppx::server::ServerOptions o;
     o.host = "127.0.0.1";
@@ -220,6 +228,7 @@ class ServerTest : public ::testing::Test {
     o.idle_timeout_s = idle_s;
     o.ping_interval_s = ping_s;
     o.static_dir = static_dir;
+    o.ssl_dir = ssl_dir;
     ppx::server::ServerModel m;
     m.backend = model_->backend.get();
     m.tokenizer = model_->tokenizer.get();
@@ -389,7 +398,8 @@ TEST_F(ServerTest, BadVoicePromptsAreRefused) {
 }
 
 TEST_F(ServerTest, BadTextPromptsAreRefused) {
-  for (const std::string& t : {std::string("%FF%FE"), std::string(5000, 'a')}) {
+  for (const std::string& t : {std::string("%FF%FE"), std::string(5000, 'a'),
+                               std::string(100 * 1024, 'b')}) {
     Client c;
     ASSERT_TRUE(c.connect(port_, "/api/chat?voice_prompt=voice.wav&text_prompt=" + t));
     const Exchange ex = c.run({}, 0ms, nullptr, 10s);
@@ -404,18 +414,53 @@ TEST_F(ServerTest, BadTextPromptsAreRefused) {
 TEST_F(ServerTest, OversizedMessageClosesTheConnection) {
   Client c;
   ASSERT_TRUE(c.connect(port_, chat()));
-  const Exchange ex = c.run({msg(0x01, std::vector<uint8_t>(2 << 20, 0x55))}, 0ms, nullptr, 20s);
+  const Exchange ex = c.run({msg(0x01, std::vector<uint8_t>(100 << 20, 0x55))}, 0ms, nullptr, 20s);
   EXPECT_TRUE(ex.handshake);
   EXPECT_TRUE(ex.closed);
   expect_healthy();
 }
 
 TEST_F(ServerTest, RapidConnectDisconnect) {
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 50; ++i) {
     Client c;
     ASSERT_TRUE(c.connect(port_, chat()));
-    c.drop();  // usually during the system prompts, or while the previous one still holds the slot
+    // Usually during the system prompts, or while the previous one still holds the slot.
+    if (i % 2) c.reset(); else c.drop();
   }
+  expect_healthy();
+}
+
+// A page cut short in the middle of the stream costs its audio, not the session: the reader
+// resynchronizes on the next page and the frames after it are answered.
+TEST_F(ServerTest, TruncatedPageMidStream) {
+  std::vector<float> speech = user_speech();
+  speech.resize(16 * kFrame);
+  auto audio = audio_messages(speech);  // head, tags, 16 frames
+  audio[2 + 5].resize(audio[2 + 5].size() / 2);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const Exchange ex = c.run(
+      audio, 1ms, [](const Exchange& e) { return e.audio_msgs >= 2 + 14; }, 30s);
+  EXPECT_TRUE(ex.errors.empty()) << ex.errors.front();
+  EXPECT_FALSE(ex.closed) << ex.close_reason;
+  EXPECT_GE(ex.audio_msgs, 2 + 14);
+  c.reset();
+  expect_healthy();
+}
+
+// A bare /api/chat (as Kyutai's command-line client connects) gets upstream's defaults; the
+// default voice is not in this voice directory, so the session runs without a voice prompt.
+TEST_F(ServerTest, MissingParametersGetDefaults) {
+  std::vector<float> speech = user_speech();
+  speech.resize(3 * kFrame);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, "/api/chat"));
+  const Exchange ex = c.run(
+      audio_messages(speech), 1ms, [](const Exchange& e) { return e.audio_msgs >= 5; }, 60s);
+  EXPECT_TRUE(ex.handshake);
+  EXPECT_TRUE(ex.errors.empty());
+  EXPECT_EQ(ex.audio_msgs, 5);
+  c.drop();
   expect_healthy();
 }
 
@@ -432,7 +477,7 @@ TEST_F(ServerTest, ClientVanishesDuringSystemPrompts) {
       {}, 0ms, [](const Exchange& e) { return e.pings >= 2 || e.handshake; }, 30s);
   EXPECT_GE(ex.pings, 2);
   ASSERT_FALSE(ex.handshake) << "the prompts finished too soon for this test";
-  c.drop();
+  c.reset();  // a TCP reset in the middle of the system prompts
   EXPECT_TRUE(wait_slots_free(port_, 5s));
   // The uninterrupted prompts take at least as long as the full run below; the dropped one ended
   // sooner.
@@ -470,7 +515,7 @@ TEST_F(ServerTest, ClientVanishesMidStream) {
       audio_messages(user_speech()), 20ms, [](const Exchange& e) { return e.audio_msgs >= 6; },
       30s);
   EXPECT_GE(ex.audio_msgs, 6);
-  c.drop();
+  c.reset();
   expect_healthy();
 }
 
@@ -528,6 +573,78 @@ TEST_F(ServerTest, TwoSessionsAtOnce) {
   EXPECT_TRUE(ea.errors.empty());
   EXPECT_TRUE(eb.errors.empty());
   expect_healthy();
+}
+
+// With --ssl: HTTPS for the routes and the web client, WSS for /api/chat, checked against the
+// test certificate (tests/data/tls, CN localhost); a plain-HTTP request gets nothing.
+TEST_F(ServerTest, TlsServesHttpsAndWss) {
+  namespace ssl = net::ssl;
+  start(1, 3.0, 2.0, "", ppx::test::data("tls"));
+  net::io_context ioc;
+  ssl::context ctx(ssl::context::tls_client);
+  ctx.load_verify_file(ppx::test::data("tls/cert.pem"));
+  ctx.set_verify_mode(ssl::verify_peer);
+  ctx.set_verify_callback(ssl::host_name_verification("localhost"));
+  const tcp::endpoint ep(net::ip::make_address("127.0.0.1"), port_);
+  auto https_get = [&](const std::string& target, int& status) {
+    beast::ssl_stream<beast::tcp_stream> s(ioc, ctx);
+    beast::get_lowest_layer(s).connect(ep);
+    beast::get_lowest_layer(s).expires_after(10s);
+    SSL_set_tlsext_host_name(s.native_handle(), "localhost");
+    s.handshake(ssl::stream_base::client);
+    http::request<http::empty_body> req{http::verb::get, target, 11};
+    req.set(http::field::host, "localhost");
+    http::write(s, req);
+    beast::flat_buffer b;
+    http::response<http::string_body> res;
+    http::read(s, b, res);
+    status = static_cast<int>(res.result_int());
+    return res.body();
+  };
+  int status = 0;
+  EXPECT_EQ(nlohmann::json::parse(https_get("/health", status))["status"], "ok");
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(https_get("/", status).find("<title>PersonaPlex</title>"), std::string::npos);
+  EXPECT_EQ(status, 200);
+
+  websocket::stream<beast::ssl_stream<beast::tcp_stream>> ws(ioc, ctx);
+  beast::get_lowest_layer(ws).connect(ep);
+  beast::get_lowest_layer(ws).expires_after(30s);
+  SSL_set_tlsext_host_name(ws.next_layer().native_handle(), "localhost");
+  ws.next_layer().handshake(ssl::stream_base::client);
+  ws.binary(true);
+  ws.handshake("localhost", chat());
+  std::vector<float> speech = user_speech();
+  speech.resize(3 * kFrame);
+  int audio = 0;
+  bool handshake = false;
+  for (beast::flat_buffer b; audio < 5; b.clear()) {
+    ws.read(b);
+    const auto* d = static_cast<const uint8_t*>(b.data().data());
+    if (b.size() >= 1 && d[0] == 0x00) {
+      handshake = true;
+      for (const auto& m : audio_messages(speech)) ws.write(net::buffer(m));
+    }
+    if (b.size() >= 1 && d[0] == 0x01) ++audio;
+    ASSERT_FALSE(b.size() >= 1 && d[0] == 0x05) << "server error";
+  }
+  EXPECT_TRUE(handshake);
+  EXPECT_EQ(audio, 5);  // OpusHead, OpusTags and one page per frame
+  ws.close(websocket::close_code::normal);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (server_->sessions_in_use() != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(server_->sessions_in_use(), 0);
+
+  // Plain HTTP on the TLS port: the TLS handshake fails and the connection is closed unanswered.
+  tcp::socket plain(ioc);
+  plain.connect(ep);
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  net::write(plain, net::buffer(get));
+  beast::error_code ec;
+  std::string reply;
+  net::read(plain, net::dynamic_buffer(reply), ec);
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), std::string::npos);
 }
 
 }  // namespace

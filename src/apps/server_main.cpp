@@ -20,7 +20,6 @@ int serve(int argc, char** argv) {
   ppx::app::ModelFlags mf;
   mf.add_to(app);
   ppx::server::ServerOptions o;
-  std::string ssl_dir;
   app.add_option("--host", o.host, "address to listen on")->capture_default_str();
   app.add_option("--port", o.port, "TCP port (0: pick a free one and print it)")
       ->capture_default_str();
@@ -40,18 +39,18 @@ int serve(int argc, char** argv) {
   app.add_option("--io-threads", o.io_threads, "network threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  app.add_option("--ssl", ssl_dir, "directory with cert.pem and key.pem (not supported yet)");
+  app.add_option("--ssl", o.ssl_dir,
+                 "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
+                 "microphone except on localhost")
+      ->check(CLI::ExistingDirectory);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (!ssl_dir.empty())
-    throw ppx::Error(
-        "--ssl is not supported yet: put a TLS-terminating proxy in front, or use "
-        "http://localhost");
   if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
     throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
+  if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
   mf.codec_slots = o.max_sessions;
 
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
@@ -76,7 +75,12 @@ int serve(int argc, char** argv) {
 
   ppx::server::Server server(o, sm);
   server.start();
-  std::printf("listening on http://%s:%u\n", o.host.c_str(), static_cast<unsigned>(server.port()));
+  const char* scheme = server.tls() ? "https" : "http";
+  const unsigned port = server.port();
+  std::printf("listening on %s://%s:%u\n", scheme, o.host.c_str(), port);
+  const bool any = o.host == "0.0.0.0" || o.host == "::";
+  std::printf("open %s://%s:%u/ in a browser to talk to the model\n", scheme,
+              any || o.host == "127.0.0.1" ? "localhost" : o.host.c_str(), port);
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -1,5 +1,6 @@
-// The PersonaPlex WebSocket server (protocol: docs/PROTOCOL.md): HTTP routes /health,
-// /api/voices, /api/chat (WebSocket) and optional static files.
+// The PersonaPlex WebSocket server (protocol: docs/PROTOCOL.md): HTTP routes /health, /metrics,
+// /api/voices, /api/chat (WebSocket), the built-in web client at / and optional static files;
+// plain HTTP, or HTTPS/WSS only when given a certificate.
 //
 // Threading: Asio I/O threads do all network work (accept, HTTP, WebSocket reads and writes); each
 // chat session's compute (voice loading, system prompts, Mimi + LM steps, Opus) runs on that
@@ -25,6 +26,7 @@ struct ServerOptions {
   uint16_t port = 8998;  // 0: any free port (see Server::port())
   std::string voice_dir;
   std::string static_dir;  // empty: no static files
+  std::string ssl_dir;     // non-empty: TLS with ssl_dir/cert.pem and ssl_dir/key.pem
   int max_sessions = 1;
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
@@ -49,7 +51,12 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // Throws ppx::Error naming the file when ssl_dir's cert.pem/key.pem cannot serve TLS; lets a
+  // tool fail before it spends minutes loading a model.
+  static void check_tls(const std::string& ssl_dir);
+
   uint16_t port() const;  // the bound port
+  bool tls() const;       // serving HTTPS/WSS
   void start();           // starts the I/O threads; returns at once
   // Closes the listener and every connection, waits for the I/O threads and session workers.
   void stop();
