@@ -169,13 +169,7 @@ TEST(BrowserTest, WebClientHoldsAConversation) {
   o.port = 0;
   o.voice_dir = dir + "/voices";
   o.idle_timeout_s = 10;
-  ppx::server::ServerModel m;
-  m.backend = model.backend.get();
-  m.tokenizer = model.tokenizer.get();
-  m.gen = *model.cfg.lm_gen;
-  m.sample_rate = model.cfg.mimi.sample_rate;
-  m.frame_samples = model.cfg.mimi.frame_samples();
-  m.description = model.description;
+  const ppx::server::ServerModel m = ppx::server::server_model(model);
   ppx::server::Server server(o, m);
   server.start();
 

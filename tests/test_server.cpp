@@ -229,13 +229,7 @@ class ServerTest : public ::testing::Test {
     o.ping_interval_s = ping_s;
     o.static_dir = static_dir;
     o.ssl_dir = ssl_dir;
-    ppx::server::ServerModel m;
-    m.backend = model_->backend.get();
-    m.tokenizer = model_->tokenizer.get();
-    m.gen = *model_->cfg.lm_gen;
-    m.sample_rate = model_->cfg.mimi.sample_rate;
-    m.frame_samples = model_->cfg.mimi.frame_samples();
-    m.description = model_->description;
+    const ppx::server::ServerModel m = ppx::server::server_model(*model_);
     server_ = std::make_unique<ppx::server::Server>(o, m);
     server_->start();
     port_ = server_->port();

@@ -56,13 +56,7 @@ int serve(int argc, char** argv) {
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
   if (o.voice_dir.empty()) o.voice_dir = m.voice_dir;
-  ppx::server::ServerModel sm;
-  sm.backend = m.backend.get();
-  sm.tokenizer = m.tokenizer.get();
-  sm.gen = *m.cfg.lm_gen;
-  sm.sample_rate = m.cfg.mimi.sample_rate;
-  sm.frame_samples = m.cfg.mimi.frame_samples();
-  sm.description = m.description;
+  const ppx::server::ServerModel sm = ppx::server::server_model(m);
   std::fprintf(stderr, "model: %s on %s\n", m.description.c_str(), m.backend->device().c_str());
 
   // Signals go to sigwait() below only: block them before any thread starts.

@@ -305,6 +305,18 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   }
 };
 
+ServerModel server_model(const app::LoadedModel& m) {
+  ServerModel sm;
+  sm.backend = m.backend.get();
+  sm.tokenizer = m.tokenizer.get();
+  if (!m.cfg.lm_gen) throw Error("the model config has no generation settings (lm_gen)");
+  sm.gen = *m.cfg.lm_gen;
+  sm.sample_rate = m.cfg.mimi.sample_rate;
+  sm.frame_samples = m.cfg.mimi.frame_samples();
+  sm.description = m.description;
+  return sm;
+}
+
 Server::Server(const ServerOptions& opts, const ServerModel& model)
     : impl_(std::make_shared<Impl>()) {
   if (opts.max_sessions < 1) throw Error("--max-sessions must be at least 1");

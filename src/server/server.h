@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/model_loading.h"
 #include "engine/backend.h"
 #include "ppx/config.h"
 #include "ppx/tokenizer.h"
@@ -42,6 +43,9 @@ struct ServerModel {
   int frame_samples = 1920;
   std::string description;  // reported by /health
 };
+
+// The parts of a loaded model (which must outlive the Server) that the server uses.
+ServerModel server_model(const app::LoadedModel& m);
 
 class Server {
  public:
