@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "apps/common.h"
+#include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
+#include "ppx/config.h"
 #include "ppx/error.h"
+#include "ppx/resources.h"
 
 namespace {
 
@@ -54,6 +57,100 @@ double time_graph_ms(cudaStream_t s, int launches, int reps, F&& f) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The depformer's 16 steps (no sampling) at full size, random weights: the per-op kernels against
+// the persistent kernel at a few grid sizes, with and without the L2 prefetch, and one traced
+// persistent step split into each phase's work and its barrier wait (block 0's clock).
+nlohmann::ordered_json depformer_bench(cudaStream_t s) {
+  using namespace ppx;
+  const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
+  const LmConfig& c = *cfg.lm;
+  cuda::CudaLm lm(c, 1234);
+  const int S = c.dep_q, DD = c.depformer_dim;
+  DeviceBuffer<__nv_bfloat16> x(c.dim), k(static_cast<size_t>(c.depformer_num_layers) * S * DD),
+      v(k.size()), z(DD), qkv(3 * DD), att(DD), gu(c.depformer_ffn_hidden());
+  DeviceBuffer<float> logits(static_cast<size_t>(S) * c.card);
+  DeviceBuffer<int32_t> tok(1), slot(1);
+  DeviceBuffer<unsigned> barrier(1);
+  kern::fill_random_bf16(x.get(), c.dim, 5, 1.f, 0.f, s);
+  const int32_t t0 = 17, s0 = 0;
+  tok.upload(&t0, 1, s);
+  slot.upload(&s0, 1, s);
+  k.zero(s);
+  v.zero(s);
+  barrier.zero(s);
+  cuda::DepformerIo io;
+  io.x = x.get();
+  io.token = tok.get();
+  io.k_ring = k.get();
+  io.v_ring = v.get();
+  io.ring_layer_stride = static_cast<int64_t>(S) * DD;
+  io.slot = slot.get();
+  io.z = z.get();
+  io.qkv = qkv.get();
+  io.att = att.get();
+  io.gu = gu.get();
+  io.logits = logits.get();
+  io.logits_stride = static_cast<int64_t>(S) * c.card;
+  io.barrier = barrier.get();
+  PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+  nlohmann::ordered_json j;
+  const double ops = time_graph_ms(s, S, 9, [&](int st) { cuda::enqueue_depformer_kernels(lm, io, st, false, s); });
+  j["per_op_step_us"] = ops * 1e3;
+  std::printf("depformer step, per-op kernels          %7.2f us\n", ops * 1e3);
+  int sms = 0, dev = 0, khz = 0;
+  PPX_CUDA_CHECK(cudaGetDevice(&dev));
+  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+  nlohmann::ordered_json variants = nlohmann::ordered_json::array();
+  for (int blocks : {sms, sms / 2, sms / 4}) {
+    for (bool prefetch : {true, false}) {
+      const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1), blocks);
+      if (plan.blocks == 0) throw Error("persistent depformer kernel: " + plan.why);
+      const double ms = time_graph_ms(s, S, 9, [&](int st) {
+        kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
+        a.prefetch = prefetch;
+        kern::depformer_step(a, plan, s);
+      });
+      nlohmann::ordered_json r;
+      r["blocks"] = plan.blocks;
+      r["prefetch"] = prefetch;
+      r["step_us"] = ms * 1e3;
+      variants.push_back(r);
+      std::printf("depformer step, persistent %3d blocks%s %7.2f us\n", plan.blocks,
+                  prefetch ? " pf" : "   ", ms * 1e3);
+    }
+  }
+  j["persistent"] = variants;
+  // One traced step (step 5, after steps 0..4) with the full grid and the prefetch.
+  const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
+  const int P = 2 + 4 * c.depformer_num_layers;
+  DeviceBuffer<long long> trace(static_cast<size_t>(4) * P);
+  for (int st = 0; st <= 5; ++st) {
+    kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
+    if (st == 5) a.trace = trace.get();
+    kern::depformer_step(a, plan, s);
+  }
+  PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<long long> t(trace.size());
+  PPX_CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+  const double us_per_cycle = 1e3 / khz;
+  nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+  double work = 0, wait = 0;
+  for (int p = 0; p < P; ++p) {
+    const double w = (t[2 * p + 1] - t[2 * p]) * us_per_cycle;
+    const double b = p + 1 < P ? (t[2 * p + 2] - t[2 * p + 1]) * us_per_cycle : 0.0;
+    const double wl = (t[2 * P + 2 * p + 1] - t[2 * P + 2 * p]) * us_per_cycle;
+    phases.push_back({{"phase", p}, {"work_us_block0", w}, {"work_us_last_block", wl}, {"barrier_us_block0", b}});
+    work += w;
+    wait += b;
+    std::printf("  phase %2d  work %6.2f us (last block %6.2f)  barrier %6.2f us\n", p, w, wl, b);
+  }
+  std::printf("  traced step: work %.1f us, barrier waits %.1f us (clock %d MHz assumed)\n", work, wait, khz / 1000);
+  j["trace_phases"] = phases;
+  j["trace_clock_mhz"] = khz / 1000;
+  return j;
 }
 
 int bench(int argc, char** argv) {
@@ -154,6 +251,7 @@ int bench(int argc, char** argv) {
   }
   cublasDestroy(h);
   j["gemv"] = rows;
+  j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
   std::printf("copy bandwidth %.2f TB/s\n", j["copy_tb_s"].get<double>());

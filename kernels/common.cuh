@@ -44,6 +44,26 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// 8 bf16 packed in 16 bytes -> 8 floats, in memory order.
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+// Upstream's ring visibility (lm_attention.cuh): after the write E tokens exist; slot idx is seen
+// by the query at position q iff its label is in [0, q] and, when context > 0, q - label < context.
+__device__ __forceinline__ bool ring_visible(int idx, int E, int C, int q, int context) {
+  if (idx >= E) return false;
+  const int delta = idx - E % C;
+  const int label = delta <= 0 ? E + delta : E + delta - C;
+  return label >= 0 && q - label >= 0 && (context <= 0 || q - label < context);
+}
+
 }  // namespace ppx::kern
 
 namespace ppx::kern {

@@ -11,7 +11,7 @@ cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPX_CUDA=ON -DPPX_
 cmake --build build-dev -j "$(nproc)"
 rm -rf devrun && mkdir -p devrun/bin devrun/lib
 for b in src/personaplex-verify src/personaplex-offline bench/personaplex-bench bench/personaplex-bench-mimi \
-         bench/personaplex-bench-kernels tests/ppx_cuda_tests; do
+         bench/personaplex-bench-kernels tests/ppx_cuda_tests tests/ppx_server_tests; do
   [ -f "build-dev/$b" ] && cp "build-dev/$b" devrun/bin/ && strip devrun/bin/"$(basename "$b")"
 done
 # Non-system shared libraries (everything but glibc, libstdc++/libgcc and the CUDA driver).

@@ -12,6 +12,7 @@
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -196,7 +197,10 @@ std::vector<std::vector<uint8_t>> audio_messages(const std::vector<float>& pcm) 
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = new ppx::app::LoadedModel(ppx::app::load_model(ppx::app::ModelFlags{}));
+    // PPX_TEST_DEVICE=cuda runs the same tests on the CUDA backend (on a GPU machine).
+    ppx::app::ModelFlags flags;
+    if (const char* d = std::getenv("PPX_TEST_DEVICE")) flags.device = d;
+    model_ = new ppx::app::LoadedModel(ppx::app::load_model(flags));
     voice_dir_ = new std::string(ppx::test::scratch("server_voices_" + std::to_string(::getpid())));
     fs::create_directories(*voice_dir_);
     std::vector<float> voice = user_speech();
@@ -267,7 +271,8 @@ TEST_F(ServerTest, HealthAndVoices) {
   const auto h = nlohmann::json::parse(http_get(port_, "/health", &status));
   EXPECT_EQ(status, 200);
   EXPECT_EQ(h["status"], "ok");
-  EXPECT_EQ(h["device"], "cpu");
+  const char* dev = std::getenv("PPX_TEST_DEVICE");
+  EXPECT_EQ(h["device"].get<std::string>().rfind(dev ? dev : "cpu", 0), 0u) << h["device"];
   EXPECT_EQ(h["sessions_in_use"], 0);
   EXPECT_EQ(h["max_sessions"], 1);
   // The symlink pointing outside the directory is not listed.

@@ -1,8 +1,11 @@
 #include "backend/cuda/cuda_lm.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 
 #include "lm_attention.cuh"
 #include "lm_gemv.cuh"
@@ -33,7 +36,148 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// Once per process: a server opens many sessions.
+void log_fallback(const std::string& why) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "ppx: persistent depformer kernel unavailable (%s); using the per-op kernels\n", why.c_str());
+  });
+}
+
 }  // namespace
+
+kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step, int last_step) {
+  const LmConfig& c = lm.config();
+  const int DD = c.depformer_dim;
+  kern::DepStepArgs a;
+  a.B = io.B;
+  a.D = c.dim;
+  a.DD = DD;
+  a.DH = c.depformer_ffn_hidden();
+  a.heads = c.depformer_num_heads;
+  a.layers = c.depformer_num_layers;  // depformer_plan refuses more than kDepMaxLayers
+  a.card = c.card;
+  a.ring = c.dep_q;
+  a.step = step;
+  a.x = io.x;
+  a.x_stride = c.dim;
+  a.out_norm = lm.out_norm;
+  a.w_in = lm.depformer_in[step];
+  a.emb = step == 0 ? lm.depformer_text_emb : lm.depformer_emb[step - 1];
+  a.emb_rows = step == 0 ? c.text_card + 1 : c.card + 1;
+  a.token = io.token;
+  const size_t qkv_step = static_cast<size_t>(3) * DD * DD, out_step = static_cast<size_t>(DD) * DD;
+  for (int l = 0; l < std::min(a.layers, kern::kDepMaxLayers); ++l) {
+    const CudaLm::Depformer& L = lm.dep_layers[l];
+    a.layer[l] = {L.norm1, L.in_proj + step * qkv_step, L.out_proj + step * out_step,
+                  L.norm2, L.lin_in[step],            L.lin_out[step]};
+  }
+  a.w_head = lm.linears[step];
+  if (step < last_step) {
+    a.next_w_in = lm.depformer_in[step + 1];
+    a.next_qkv0 = lm.dep_layers[0].in_proj + (step + 1) * qkv_step;
+  }
+  a.k_ring = io.k_ring;
+  a.v_ring = io.v_ring;
+  a.ring_layer_stride = io.ring_layer_stride;
+  a.slot = io.slot;
+  a.z = io.z;
+  a.qkv = io.qkv;
+  a.att = io.att;
+  a.gu = io.gu;
+  a.logits = io.logits + static_cast<int64_t>(step) * c.card;
+  a.logits_stride = io.logits_stride;
+  a.barrier = io.barrier;
+  return a;
+}
+
+void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, bool fused_attention,
+                               cudaStream_t s) {
+  const LmConfig& c = lm.config();
+  const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
+  using kern::GemvIn;
+  using kern::GemvOut;
+  auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
+                  const bf16* alpha = nullptr) {
+    kern::GemvArgs a;
+    a.w = w;
+    a.x = x;
+    a.x_stride = in == GemvIn::kSiluGate ? 2 * Kd : Kd;
+    a.N = N;
+    a.K = Kd;
+    a.B = B;
+    a.alpha = alpha;
+    a.y = y;
+    a.y_stride = out == GemvOut::kGateUp ? N / 2 : N;
+    kern::gemv(in, out, a, s);
+  };
+  {
+    kern::GemvArgs a;
+    a.w = lm.depformer_in[st];
+    a.x = io.x;
+    a.x_stride = D;
+    a.N = DD;
+    a.K = D;
+    a.B = B;
+    a.alpha = lm.out_norm;
+    a.y = io.z;
+    a.y_stride = DD;
+    a.table = st == 0 ? lm.depformer_text_emb : lm.depformer_emb[st - 1];
+    a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
+    a.token = io.token;
+    kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
+  }
+  kern::RingArgs dring;
+  dring.C = S;
+  dring.H = c.depformer_num_heads;
+  dring.hd = DD / c.depformer_num_heads;
+  dring.slot = io.slot;
+  for (int l = 0; l < c.depformer_num_layers; ++l) {
+    const CudaLm::Depformer& L = lm.dep_layers[l];
+    dring.k = io.k_ring + l * io.ring_layer_stride;
+    dring.v = io.v_ring + l * io.ring_layer_stride;
+    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, io.z, 3 * DD, DD,
+         io.qkv, L.norm1);
+    if (!fused_attention) {
+      kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
+      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, io.att, DD, DD, io.z);
+    } else {
+      // Attention over the steps so far, computed while staging the output projection's input.
+      if (B != 1) throw Error("the fused depformer attention needs batch 1");
+      kern::GemvArgs o;
+      o.w = L.out_proj + static_cast<size_t>(st) * DD * DD;
+      o.x = io.qkv;
+      o.x_stride = 3 * DD;
+      o.N = DD;
+      o.K = DD;
+      o.y = io.z;
+      o.y_stride = DD;
+      o.kc = dring.k;
+      o.vc = dring.v;
+      o.step = st;
+      o.heads = c.depformer_num_heads;
+      o.ring = S;
+      kern::gemv(GemvIn::kDepAttn, GemvOut::kResidual, o, s);
+    }
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
+  }
+  kern::GemvArgs h;
+  h.w = lm.linears[st];
+  h.x = io.z;
+  h.x_stride = DD;
+  h.N = c.card;
+  h.K = DD;
+  h.B = B;
+  h.yf = io.logits + static_cast<int64_t>(st) * c.card;
+  h.y_stride = io.logits_stride;
+  kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
+}
 
 SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
   SamplingParams p;
@@ -151,7 +295,7 @@ CudaLm::CudaLm(const LmConfig& c, uint64_t seed) : c_(c) {
 
 CudaLm::~CudaLm() = default;
 
-CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps)
+CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps, DepformerPath path)
     : lm_(lm), sp_(sp) {
   const LmConfig& c = lm.config();
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
@@ -191,6 +335,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   temp_.resize(2);
   seed_.resize(1);
   counter_.resize(1);
+  dep_barrier_.resize(1);
   h_req_ = PinnedBuffer<int32_t>(req_.size());
   h_prov_ = PinnedBuffer<uint8_t>(K);
   h_out_ = PinnedBuffer<int32_t>(1 + S);
@@ -203,16 +348,70 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   top_k_.upload(topk, 2, stream_);
   seed_.upload(&sp.seed, 1, stream_);
   counter_.zero(stream_);
+  dep_barrier_.zero(stream_);
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
+  // The persistent depformer kernel where the device can run it (cooperative launch, a block per
+  // multiprocessor); PPX_DEP_BLOCKS caps its grid, for measurements.
+  const bool want = path == DepformerPath::kPersistent ||
+                    (path == DepformerPath::kAuto && !env_is("PPX_DEP_PERSISTENT", "0"));
+  if (want && dep_steps_ > 0) {
+    const char* cap = std::getenv("PPX_DEP_BLOCKS");
+    dep_prefetch_ = !env_is("PPX_DEP_PREFETCH", "0");
+    dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0, dep_steps_ - 1),
+                                     cap ? std::atoi(cap) : 0);
+    dep_persistent_ = dep_plan_.blocks > 0;
+    if (!dep_persistent_) {
+      if (path == DepformerPath::kPersistent) throw Error("persistent depformer kernel: " + dep_plan_.why);
+      log_fallback(dep_plan_.why);
+    }
+  }
   // Capture the step once; every run replays it.
-  cudaGraph_t g;
+  try {
+    capture_graph();
+  } catch (const std::exception& e) {
+    if (!dep_persistent_ || path == DepformerPath::kPersistent) throw;
+    log_fallback(std::string("graph capture: ") + e.what());
+    dep_persistent_ = false;
+    capture_graph();
+  }
+}
+
+void CudaLmStepper::capture_graph() {
+  cudaGraph_t g = nullptr;
   PPX_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  enqueue_step(stream_);
+  try {
+    enqueue_step(stream_);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
   PPX_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-  PPX_CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
-  PPX_CUDA_CHECK(cudaGraphDestroy(g));
+  const cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
+  cudaGraphDestroy(g);
+  PPX_CUDA_CHECK(e);
+}
+
+DepformerIo CudaLmStepper::depformer_io() const {
+  const LmConfig& c = lm_.config();
+  DepformerIo io;
+  io.B = 1;
+  io.x = x_.get();
+  io.token = next_.get();
+  io.k_ring = dk_cache_.get();
+  io.v_ring = dv_cache_.get();
+  io.ring_layer_stride = static_cast<int64_t>(c.dep_q) * c.depformer_dim;
+  io.slot = slot_.get();
+  io.z = z_.get();
+  io.qkv = dqkv_.get();
+  io.att = datt_.get();
+  io.gu = dgu_.get();
+  io.logits = logits_.get() + c.text_card;
+  io.logits_stride = static_cast<int64_t>(c.dep_q) * c.card;
+  io.barrier = dep_barrier_.get();
+  return io;
 }
 
 CudaLmStepper::~CudaLmStepper() {
@@ -229,7 +428,7 @@ void CudaLmStepper::reset() {
 
 void CudaLmStepper::enqueue_step(cudaStream_t s) {
   const LmConfig& c = lm_.config();
-  const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
+  const int D = c.dim, H = c.ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1, V = c.text_card;
   int32_t* tok = req_.get();
   int32_t* force = tok + K;
@@ -306,65 +505,15 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
   };
   sample(0, logits_.get(), V);
 
-  kern::RingArgs dring;
-  dring.C = S;
-  dring.H = c.depformer_num_heads;
-  dring.hd = DD / c.depformer_num_heads;
-  dring.slot = slot_.get();
-  const size_t dlayer_kv = static_cast<size_t>(S) * DD;
+  const DepformerIo io = depformer_io();
   for (int st = 0; st < dep_steps_; ++st) {
-    kern::GemvArgs a;
-    a.w = lm_.depformer_in[st];
-    a.x = x_.get();
-    a.x_stride = D;
-    a.N = DD;
-    a.K = D;
-    a.alpha = lm_.out_norm;
-    a.y = z_.get();
-    a.y_stride = DD;
-    a.table = st == 0 ? lm_.depformer_text_emb : lm_.depformer_emb[st - 1];
-    a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
-    a.token = next_.get();
-    kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
-    for (int l = 0; l < c.depformer_num_layers; ++l) {
-      const CudaLm::Depformer& L = lm_.dep_layers[l];
-      dring.k = dk_cache_.get() + l * dlayer_kv;
-      dring.v = dv_cache_.get() + l * dlayer_kv;
-      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, z_.get(), 3 * DD, DD,
-           dqkv_.get(), L.norm1);
-      if (separate_dep_attention_) {
-        kern::depformer_attention(dqkv_.get(), dring, 1, st, datt_.get(), s);
-        gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, datt_.get(), DD,
-             DD, z_.get());
-      } else {
-        // Attention over the steps so far, computed while staging the output projection's input.
-        kern::GemvArgs o;
-        o.w = L.out_proj + static_cast<size_t>(st) * DD * DD;
-        o.x = dqkv_.get();
-        o.x_stride = 3 * DD;
-        o.N = DD;
-        o.K = DD;
-        o.y = z_.get();
-        o.y_stride = DD;
-        o.kc = dring.k;
-        o.vc = dring.v;
-        o.step = st;
-        o.heads = c.depformer_num_heads;
-        o.ring = S;
-        kern::gemv(GemvIn::kDepAttn, GemvOut::kResidual, o, s);
-      }
-      gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], z_.get(), 2 * DH, DD, dgu_.get(), L.norm2);
-      gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], dgu_.get(), DD, DH, z_.get());
+    if (dep_persistent_) {
+      kern::DepStepArgs a = depformer_step_args(lm_, io, st, dep_steps_ - 1);
+      a.prefetch = dep_prefetch_;
+      kern::depformer_step(a, dep_plan_, s);
+    } else {
+      enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);
     }
-    kern::GemvArgs h;
-    h.w = lm_.linears[st];
-    h.x = z_.get();
-    h.x_stride = DD;
-    h.N = c.card;
-    h.K = DD;
-    h.yf = logits_.get() + V + static_cast<size_t>(st) * c.card;
-    h.y_stride = c.card;
-    kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
     sample(1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card);
   }
   kern::advance(pos_.get(), counter_.get(), slot_.get(), 1, s);

@@ -5,6 +5,10 @@
 //
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
+//
+// The depformer steps run either as one persistent cooperative kernel per step (kernels/
+// lm_depformer.cuh; the default where the device supports it) or as the per-op kernels (about 33
+// launches per step; PPX_DEP_PERSISTENT=0, or the fallback).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "lm_depformer.cuh"
 #include "ppx/config.h"
 #include "ppx/lm_gen.h"
 
@@ -60,6 +65,31 @@ class CudaLm {
   size_t weight_bytes_ = 0;
 };
 
+// The depformer's device buffers for B batch rows (layouts as in kern::DepStepArgs).
+struct DepformerIo {
+  int B = 1;
+  const __nv_bfloat16* x = nullptr;  // [B, dim] temporal output
+  const int32_t* token = nullptr;    // [B] the previous stream's token (-1: none)
+  __nv_bfloat16* k_ring = nullptr;   // [depformer layers, slots, dep_q, depformer_dim]
+  __nv_bfloat16* v_ring = nullptr;
+  int64_t ring_layer_stride = 0;
+  const int32_t* slot = nullptr;     // [B]
+  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;  // scratch
+  float* logits = nullptr;           // [B, logits_stride]; step s writes columns [s card, (s + 1) card)
+  int64_t logits_stride = 0;
+  unsigned* barrier = nullptr;       // persistent kernel only
+};
+
+// Arguments of depformer step `step` (steps run 0..last_step in order) for the persistent kernel.
+kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step, int last_step);
+// The same step as per-op kernels; fused_attention computes the attention inside the output
+// projection's input staging (B == 1 only).
+void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, bool fused_attention,
+                               cudaStream_t s);
+
+// kAuto: the persistent kernel unless PPX_DEP_PERSISTENT=0 or the device cannot run it (logged).
+enum class DepformerPath { kAuto, kKernels, kPersistent };
+
 struct SamplingParams {
   float temp_text = 0.7f, temp_audio = 0.8f;  // <= 0: greedy
   int top_k_text = 25, top_k_audio = 250;
@@ -70,21 +100,28 @@ struct SamplingParams {
 // One session's state (KV cache, buffers) and the captured step graph.
 class CudaLmStepper : public LmStepper {
  public:
-  // dep_steps < 0: all dep_q depformer steps (upstream).
-  CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1);
+  // dep_steps < 0: all dep_q depformer steps (upstream). kPersistent throws where unsupported.
+  CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1,
+                DepformerPath path = DepformerPath::kAuto);
   ~CudaLmStepper() override;
   const LmConfig& config() const override { return lm_.config(); }
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
   // Device time of the last run (ms), measured with events around the graph launch.
   float last_step_ms() const { return last_ms_; }
+  bool persistent_depformer() const { return dep_persistent_; }
 
  private:
   void enqueue_step(cudaStream_t s);  // the graph body
+  void capture_graph();
+  DepformerIo depformer_io() const;
   const CudaLm& lm_;
   SamplingParams sp_;
   int dep_steps_;
   bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
+  bool dep_persistent_ = false;
+  bool dep_prefetch_ = true;  // PPX_DEP_PREFETCH=0 turns the persistent kernel's L2 prefetch off
+  kern::DepPlan dep_plan_;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
@@ -98,6 +135,7 @@ class CudaLmStepper : public LmStepper {
   DeviceBuffer<uint8_t> provided_;
   DeviceBuffer<float> temp_;
   DeviceBuffer<uint64_t> seed_, counter_;
+  DeviceBuffer<unsigned> dep_barrier_;
   // Host staging (pinned), same layouts: request in, results out.
   PinnedBuffer<int32_t> h_req_;
   PinnedBuffer<uint8_t> h_prov_;

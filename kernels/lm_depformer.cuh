@@ -1,0 +1,90 @@
+// One depformer step of the LM as a single persistent (cooperative) kernel launch, for B batch
+// rows: input projection with out_norm and the token embedding, every layer (RMSNorm + QKV,
+// attention over the steps so far with the K/V append, output projection + residual, RMSNorm +
+// gate/up with the SiLU gate, down projection + residual) and the head's fp32 logits. The rounding
+// points are those of the per-op kernels in lm_gemv.cuh (RMSNorm in fp32 with eps, projection
+// outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits =
+// float(bf16(acc))); only the fp32 accumulation order of a row differs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ppx::kern {
+
+constexpr int kDepMaxLayers = 8;
+constexpr int kDepMaxBatch = 4;
+constexpr int kDepMaxRing = 32;  // one key per lane in the attention
+
+// The weights of one layer at one depformer step (all row-major, bf16).
+struct DepLayerWeights {
+  const __nv_bfloat16* norm1 = nullptr;    // [DD]
+  const __nv_bfloat16* qkv = nullptr;      // [3 DD, DD]
+  const __nv_bfloat16* out = nullptr;      // [DD, DD]
+  const __nv_bfloat16* norm2 = nullptr;    // [DD]
+  const __nv_bfloat16* gate_up = nullptr;  // [2 DH, DD]: gate rows, then up rows
+  const __nv_bfloat16* down = nullptr;     // [DD, DH]
+};
+
+struct DepStepArgs {
+  int B = 1;  // batch rows, 1..kDepMaxBatch
+  int D = 0, DD = 0, DH = 0;  // temporal width, depformer width, depformer FFN hidden width
+  int heads = 1, layers = 0, card = 0;
+  int ring = 0;  // ring capacity (dep_q); step < ring
+  int step = 0;
+  float eps = 1e-8f;
+  const __nv_bfloat16* x = nullptr;         // [B, x_stride] temporal output (before out_norm)
+  int64_t x_stride = 0;
+  const __nv_bfloat16* out_norm = nullptr;  // [D]
+  const __nv_bfloat16* w_in = nullptr;      // [DD, D]
+  const __nv_bfloat16* emb = nullptr;       // [emb_rows, DD] this step's token embedding
+  int emb_rows = 0;
+  const int32_t* token = nullptr;           // [B] previous token; -1 adds nothing
+  DepLayerWeights layer[kDepMaxLayers];
+  const __nv_bfloat16* w_head = nullptr;    // [card, DD]
+  // The next step's first two weight matrices, pulled into L2 while this step ends (or nullptr).
+  const __nv_bfloat16* next_w_in = nullptr;   // [DD, D]
+  const __nv_bfloat16* next_qkv0 = nullptr;   // [3 DD, DD]
+  // Per-session K/V ring: [layers, slots, ring, DD]; batch row b uses slot[b].
+  __nv_bfloat16* k_ring = nullptr;
+  __nv_bfloat16* v_ring = nullptr;
+  int64_t ring_layer_stride = 0;  // elements between layers (>= slots * ring * DD)
+  const int32_t* slot = nullptr;  // [B]
+  // Scratch, device: z [B, DD] (the residual stream), qkv [B, 3 DD], att [B, DD] (per-op path
+  // only), gu [B, DH].
+  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;
+  float* logits = nullptr;  // [B, logits_stride]
+  int64_t logits_stride = 0;
+  // One arrival counter per stream of launches (a session), zeroed once before the first launch;
+  // the barrier leaves it ready for the next launch.
+  unsigned* barrier = nullptr;
+  bool prefetch = true;  // pull each block's weight slice of the phase two ahead into L2
+  // Measurement only (nullptr in production): the first and the last block write clock64() at
+  // the start and the end of each phase's work, [2][2 * phases] (phases = 2 + 4 layers).
+  long long* trace = nullptr;
+  // Shared-memory layout, set by depformer_step from the plan.
+  int kmax = 0, part_floats = 0, own_rows = 0;
+};
+
+struct DepPlan {
+  int blocks = 0;  // 0: the persistent kernel cannot run here (see why)
+  int threads = 0;
+  size_t smem = 0;  // dynamic shared memory per block
+  int kmax = 0, part_floats = 0, own_rows = 0;
+  std::string why;
+};
+
+// Checks the device (cooperative launch, occupancy) and the shapes of `a` (B, D, DD, DH, heads,
+// layers, card, ring, x_stride), sets the kernel's shared-memory attribute and returns the launch
+// shape: one block per multiprocessor, at most max_blocks when > 0. Call before graph capture.
+DepPlan depformer_plan(const DepStepArgs& a, int max_blocks = 0);
+
+// Enqueues step a.step (one cooperative launch, capturable into a CUDA graph) with a plan made
+// for the same shapes. Throws std::runtime_error when the launch fails.
+void depformer_step(const DepStepArgs& a, const DepPlan& plan, cudaStream_t s);
+
+}  // namespace ppx::kern
