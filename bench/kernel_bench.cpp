@@ -13,6 +13,7 @@
 #include "apps/common.h"
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
+#include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
 #include "ppx/config.h"
@@ -99,12 +100,47 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   const double ops = time_graph_ms(s, S, 9, [&](int st) { cuda::enqueue_depformer_kernels(lm, io, st, false, s); });
   j["per_op_step_us"] = ops * 1e3;
   std::printf("depformer step, per-op kernels          %7.2f us\n", ops * 1e3);
+  // The depformer's token sampling (2048 logits, temperature 0.8, top-k 250), alone and after each
+  // step: what one step costs in the LM graph beyond its GEMVs.
+  DeviceBuffer<float> temp(1);
+  DeviceBuffer<int32_t> topk(1), sampled(1), next(1);
+  DeviceBuffer<uint64_t> seed(1), counter(1);
+  const float t08 = 0.8f;
+  const int32_t k250 = 250;
+  const uint64_t one = 1;
+  temp.upload(&t08, 1, s);
+  topk.upload(&k250, 1, s);
+  seed.upload(&one, 1, s);
+  counter.upload(&one, 1, s);
+  auto sample = [&](int st) {
+    kern::SampleArgs sa;
+    sa.logits = logits.get() + static_cast<int64_t>(st) * c.card;
+    sa.logits_stride = c.card;
+    sa.n = c.card;
+    sa.temp = temp.get();
+    sa.top_k = topk.get();
+    sa.seed = seed.get();
+    sa.counter = counter.get();
+    sa.stream_id = 1 + st;
+    sa.sampled = sampled.get();
+    sa.next = next.get();
+    kern::sample_tokens(sa, 1, s);
+  };
+  const double samp = time_graph_ms(s, S, 9, [&](int st) { sample(st); });
+  const double ops_samp = time_graph_ms(s, S, 9, [&](int st) {
+    cuda::enqueue_depformer_kernels(lm, io, st, false, s);
+    sample(st);
+  });
+  j["sample_us"] = samp * 1e3;
+  j["per_op_step_with_sample_us"] = ops_samp * 1e3;
+  std::printf("depformer sampling alone                 %7.2f us\n", samp * 1e3);
+  std::printf("depformer step, per-op kernels + sample %7.2f us\n", ops_samp * 1e3);
   int sms = 0, dev = 0, khz = 0;
   PPX_CUDA_CHECK(cudaGetDevice(&dev));
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
   nlohmann::ordered_json variants = nlohmann::ordered_json::array();
-  for (int blocks : {sms, sms / 2, sms / 4}) {
+  for (int blocks : {sms, sms / 2}) {
     for (bool prefetch : {true, false}) {
       const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1), blocks);
       if (plan.blocks == 0) throw Error("persistent depformer kernel: " + plan.why);
@@ -118,39 +154,90 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
       r["prefetch"] = prefetch;
       r["step_us"] = ms * 1e3;
       variants.push_back(r);
-      std::printf("depformer step, persistent %3d blocks%s %7.2f us\n", plan.blocks,
+      std::printf("depformer step, persistent %3d blocks%s    %7.2f us\n", plan.blocks,
                   prefetch ? " pf" : "   ", ms * 1e3);
     }
   }
   j["persistent"] = variants;
-  // One traced step (step 5, after steps 0..4) with the full grid and the prefetch.
-  const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
+  {
+    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
+    const double ms = time_graph_ms(s, S, 9, [&](int st) {
+      kern::depformer_step(cuda::depformer_step_args(lm, io, st, S - 1), plan, s);
+      sample(st);
+    });
+    j["persistent_with_sample_us"] = ms * 1e3;
+    std::printf("depformer step, persistent + sample      %7.2f us\n", ms * 1e3);
+  }
+  // One traced step (step 5, after steps 0..4), full grid, prefetch on.
   const int P = 2 + 4 * c.depformer_num_layers;
-  DeviceBuffer<long long> trace(static_cast<size_t>(4) * P);
-  for (int st = 0; st <= 5; ++st) {
-    kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
-    if (st == 5) a.trace = trace.get();
-    kern::depformer_step(a, plan, s);
-  }
-  PPX_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<long long> t(trace.size());
-  PPX_CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
   const double us_per_cycle = 1e3 / khz;
-  nlohmann::ordered_json phases = nlohmann::ordered_json::array();
-  double work = 0, wait = 0;
-  for (int p = 0; p < P; ++p) {
-    const double w = (t[2 * p + 1] - t[2 * p]) * us_per_cycle;
-    const double b = p + 1 < P ? (t[2 * p + 2] - t[2 * p + 1]) * us_per_cycle : 0.0;
-    const double wl = (t[2 * P + 2 * p + 1] - t[2 * P + 2 * p]) * us_per_cycle;
-    phases.push_back({{"phase", p}, {"work_us_block0", w}, {"work_us_last_block", wl}, {"barrier_us_block0", b}});
-    work += w;
-    wait += b;
-    std::printf("  phase %2d  work %6.2f us (last block %6.2f)  barrier %6.2f us\n", p, w, wl, b);
+  {
+    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
+    DeviceBuffer<long long> trace(static_cast<size_t>(6) * P);
+    for (int st = 0; st <= 5; ++st) {
+      kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
+      if (st == 5) a.trace = trace.get();
+      kern::depformer_step(a, plan, s);
+    }
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<long long> t(trace.size());
+    PPX_CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+    double stage = 0, gemv = 0, wait = 0;
+    std::printf("traced persistent step 5 (block 0; us):\n");
+    for (int p = 0; p < P; ++p) {
+      const double st = (t[3 * p + 1] - t[3 * p]) * us_per_cycle;
+      const double gm = (t[3 * p + 2] - t[3 * p + 1]) * us_per_cycle;
+      const double b = p + 1 < P ? (t[3 * p + 3] - t[3 * p + 2]) * us_per_cycle : 0.0;
+      const double wl = (t[3 * P + 3 * p + 2] - t[3 * P + 3 * p]) * us_per_cycle;
+      phases.push_back({{"phase", p}, {"stage_us", st}, {"gemv_us", gm}, {"barrier_us", b}, {"work_us_last_block", wl}});
+      stage += st;
+      gemv += gm;
+      wait += b;
+      std::printf("  phase %2d  stage %6.2f  gemv+epilogue %6.2f  barrier %6.2f  (last block work %6.2f)\n", p, st,
+                  gm, b, wl);
+    }
+    std::printf("  staging %.1f, gemv %.1f, barrier waits %.1f us (clock %d MHz assumed)\n", stage, gemv,
+                wait, khz / 1000);
+    j["trace"] = phases;
   }
-  std::printf("  traced step: work %.1f us, barrier waits %.1f us (clock %d MHz assumed)\n", work, wait, khz / 1000);
-  j["trace_phases"] = phases;
   j["trace_clock_mhz"] = khz / 1000;
   return j;
+}
+
+// The temporal attention of one layer (32 heads of 128, ring of 3000, batch 1) with n keys visible:
+// what 32 layers cost per frame once a conversation has run that long.
+nlohmann::ordered_json attention_bench(cudaStream_t s) {
+  using namespace ppx;
+  const int H = 32, hd = 128, C = 3000, D = H * hd;
+  DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(C) * D), v(k.size()), q(D), out(D);
+  DeviceBuffer<float> work(kern::attention_work_floats(1, H, hd, C));
+  DeviceBuffer<int32_t> pos(1), slot(1);
+  kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 7, 1.f, 0.f, s);
+  kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 8, 1.f, 0.f, s);
+  kern::fill_random_bf16(q.get(), D, 9, 1.f, 0.f, s);
+  const int32_t zero = 0;
+  slot.upload(&zero, 1, s);
+  kern::RingArgs r;
+  r.k = k.get();
+  r.v = v.get();
+  r.pos = pos.get();
+  r.slot = slot.get();
+  r.C = C;
+  r.H = H;
+  r.hd = hd;
+  r.context = C;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (int n : {64, 300, 1000, 3000}) {
+    const int32_t p = n - 1;
+    pos.upload(&p, 1, s);
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+    const double ms = time_graph_ms(s, 32, 9, [&](int) { kern::ring_attention(q.get(), r, 1, work.get(), out.get(), s); });
+    rows.push_back({{"keys", n}, {"layer_us", ms * 1e3}, {"frame_ms_32_layers", ms * 32}});
+    std::printf("temporal attention, %4d keys: %7.2f us per layer, %.2f ms per frame (32 layers)\n", n, ms * 1e3,
+                ms * 32);
+  }
+  return rows;
 }
 
 int bench(int argc, char** argv) {
@@ -251,6 +338,7 @@ int bench(int argc, char** argv) {
   }
   cublasDestroy(h);
   j["gemv"] = rows;
+  j["temporal_attention"] = attention_bench(s);
   j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);

@@ -6,7 +6,7 @@
 namespace ppx::kern {
 namespace {
 
-constexpr int kSplit = 256;  // ring slots per block in the split-K attention
+constexpr int kSplit = 64;  // ring slots per block in the split-K attention (16 per warp)
 constexpr int kAttnWarps = 4;
 constexpr int kMaxDimsPerLane = 4;  // head dim <= 128
 
@@ -44,8 +44,71 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
   }
 }
 
-// grid (H, splits, B), kAttnWarps warps. Each warp runs an online softmax over its keys; the block
-// merges its warps and writes (m, l, acc[hd]) for its split.
+// A lane's dpl (<= 4) dims of one cached row.
+__device__ __forceinline__ void load_dims(const __nv_bfloat16* p, int dpl, float* f) {
+  if (dpl == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);  // 8-byte aligned: hd and lane * 4 are even
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    f[0] = a.x;
+    f[1] = a.y;
+    f[2] = b.x;
+    f[3] = b.y;
+  } else {
+    for (int j = 0; j < dpl; ++j) f[j] = __bfloat162float(p[j]);
+  }
+}
+
+// One warp's online softmax over the cached keys idx in [k0, k1) that `vis(idx)` admits, lanes over
+// head dims (dpl each). The loads of kGroup keys and values are issued together, so a warp waits
+// for memory once per group instead of once per key.
+constexpr int kGroup = 8;
+template <typename Vis>
+__device__ __forceinline__ void attend(const float* qf, int dpl, const __nv_bfloat16* kbase, const __nv_bfloat16* vbase,
+                                       int64_t stride, int k0, int k1, float scale, Vis vis, float& m, float& l,
+                                       float* acc) {
+  for (int g0 = k0; g0 < k1; g0 += kGroup) {
+    float kf[kGroup][kMaxDimsPerLane], vf[kGroup][kMaxDimsPerLane], sc[kGroup];
+    bool ok[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int idx = g0 + i;
+      ok[i] = idx < k1 && vis(idx);
+      if (ok[i]) {
+        load_dims(kbase + static_cast<int64_t>(idx) * stride, dpl, kf[i]);
+        load_dims(vbase + static_cast<int64_t>(idx) * stride, dpl, vf[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      float d = 0.f;
+      if (ok[i])
+        for (int j = 0; j < dpl; ++j) d += qf[j] * kf[i][j];
+      sc[i] = d;
+    }
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) sc[i] = warp_sum(sc[i]) * scale;
+    float mn = m;
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i)
+      if (ok[i]) mn = fmaxf(mn, sc[i]);
+    if (mn == -INFINITY) continue;  // nothing visible yet (uniform over the warp)
+    const float corr = expf(m - mn);
+    l *= corr;
+    for (int j = 0; j < dpl; ++j) acc[j] *= corr;
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      if (!ok[i]) continue;
+      const float p = expf(sc[i] - mn);
+      l += p;
+      for (int j = 0; j < dpl; ++j) acc[j] = fmaf(p, vf[i][j], acc[j]);
+    }
+    m = mn;
+  }
+}
+
+// grid (H, splits, B), kAttnWarps warps. Each warp runs an online softmax over its kSplit /
+// kAttnWarps keys; the block merges its warps and writes (m, l, acc[hd]) for its split.
 __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int splits, float* work) {
   pdl_trigger();
   pdl_wait();
@@ -61,21 +124,11 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
     acc[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int lo = sp * kSplit, hi = min(lo + kSplit, r.C);
+  constexpr int kPerWarp = kSplit / kAttnWarps;
+  const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + lane * dpl;
-  for (int idx = lo + warp; idx < hi; idx += kAttnWarps) {
-    if (!visible(idx, E, r.C, qpos, r.context)) continue;
-    const __nv_bfloat16* kp = r.k + cache0 + static_cast<int64_t>(idx) * D;
-    float sdot = 0.f;
-    for (int j = 0; j < dpl; ++j) sdot += qf[j] * __bfloat162float(kp[j]);
-    sdot = warp_sum(sdot) * scale;
-    const float mn = fmaxf(m, sdot);
-    const float corr = expf(m - mn), p = expf(sdot - mn);
-    l = l * corr + p;
-    const __nv_bfloat16* vp = r.v + cache0 + static_cast<int64_t>(idx) * D;
-    for (int j = 0; j < dpl; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vp[j]);
-    m = mn;
-  }
+  attend(qf, dpl, r.k + cache0, r.v + cache0, D, k0, k1, scale,
+         [&](int idx) { return visible(idx, E, r.C, qpos, r.context); }, m, l, acc);
   __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][128];
   if (lane == 0) {
     sm[warp] = m;
@@ -139,19 +192,8 @@ __global__ void depformer_attention_kernel(const __nv_bfloat16* qkv, RingArgs r,
   const float scale = rsqrtf(static_cast<float>(r.hd));
   const int E = step + 1;
   float m = -INFINITY, l = 0.f;
-  for (int idx = 0; idx < r.C; ++idx) {
-    if (!visible(idx, E, r.C, step, 0)) continue;
-    const __nv_bfloat16* kp = r.k + cache0 + static_cast<int64_t>(idx) * D;
-    float sdot = 0.f;
-    for (int j = 0; j < dpl; ++j) sdot += qf[j] * __bfloat162float(kp[j]);
-    sdot = warp_sum(sdot) * scale;
-    const float mn = fmaxf(m, sdot);
-    const float corr = expf(m - mn), p = expf(sdot - mn);
-    l = l * corr + p;
-    const __nv_bfloat16* vp = r.v + cache0 + static_cast<int64_t>(idx) * D;
-    for (int j = 0; j < dpl; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vp[j]);
-    m = mn;
-  }
+  attend(qf, dpl, r.k + cache0, r.v + cache0, D, 0, min(r.C, E), scale,
+         [&](int idx) { return visible(idx, E, r.C, step, 0); }, m, l, acc);
   for (int j = 0; j < dpl; ++j)
     out[static_cast<int64_t>(b) * D + h * r.hd + lane * dpl + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);
 }

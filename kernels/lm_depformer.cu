@@ -294,14 +294,21 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
   auto residual = [&](int b, int lr, int n, const float* s) {
     store_z(b, lr, n, __bfloat162float(zown[b * a.own_rows + lr]) + bf(s[0]));
   };
+  auto rmsnorm = [&](const bf16* x, int64_t stride, int K, const bf16* alpha) {
+    stage_rmsnorm<B>(x, stride, K, alpha, a.eps, xs, red);
+  };
+  auto copy = [&](const bf16* x, int K) { stage_copy<B>(x, K, K, xs); };
   long long* trace = nullptr;
   if (a.trace && (blockIdx.x == 0 || blockIdx.x == gridDim.x - 1))
-    trace = a.trace + (blockIdx.x == 0 ? 0 : 2 * P);
+    trace = a.trace + (blockIdx.x == 0 ? 0 : 3 * P);
   auto stamp = [&](int i) {
     __syncthreads();
     if (threadIdx.x == 0) trace[i] = clock64();
   };
   if (trace) stamp(0);
+  auto staged = [&](int p) {
+    if (trace) stamp(3 * p + 1);
+  };
   if (a.prefetch) {
     prefetch_phase(a, 0);
     prefetch_phase(a, 1);
@@ -309,12 +316,13 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
   for (int p = 0; p < P; ++p) {
     if (a.prefetch) prefetch_phase(a, p + 2);
     if (p > 0) {
-      if (trace) stamp(2 * p - 1);
+      if (trace) stamp(3 * p - 1);
       grid_barrier(a.barrier);
-      if (trace) stamp(2 * p);
+      if (trace) stamp(3 * p);
     }
     if (p == 0) {
-      stage_rmsnorm<B>(a.x, a.x_stride, a.D, a.out_norm, a.eps, xs, red);
+      rmsnorm(a.x, a.x_stride, a.D, a.out_norm);
+      staged(p);
       gemv_rows<B, 1>(a.w_in, DD, a.D, xs, part, [&](int b, int lr, int n, const float* s) {
         int tok = a.token[b];
         float e = 0.f;
@@ -325,7 +333,8 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
         store_z(b, lr, n, bf(s[0]) + e);
       });
     } else if (p == P - 1) {
-      stage_copy<B>(a.z, DD, DD, xs);
+      copy(a.z, DD);
+      staged(p);
       gemv_rows<B, 1>(a.w_head, a.card, DD, xs, part, [&](int b, int, int n, const float* s) {
         a.logits[b * a.logits_stride + n] = bf(s[0]);
       });
@@ -334,30 +343,34 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
       const DepLayerWeights& L = a.layer[l];
       switch ((p - 1) % 4) {
         case 0:
-          stage_rmsnorm<B>(a.z, DD, DD, L.norm1, a.eps, xs, red);
+          rmsnorm(a.z, DD, DD, L.norm1);
+          staged(p);
           gemv_rows<B, 1>(L.qkv, 3 * DD, DD, xs, part, [&](int b, int, int n, const float* s) {
             a.qkv[static_cast<int64_t>(b) * 3 * DD + n] = __float2bfloat16(s[0]);
           });
           break;
         case 1:
           stage_attention<B>(a, l, xs);
+          staged(p);
           gemv_rows<B, 1>(L.out, DD, DD, xs, part, residual);
           break;
         case 2:
-          stage_rmsnorm<B>(a.z, DD, DD, L.norm2, a.eps, xs, red);
+          rmsnorm(a.z, DD, DD, L.norm2);
+          staged(p);
           gemv_rows<B, 2>(L.gate_up, a.DH, DD, xs, part, [&](int b, int, int n, const float* s) {
             const float g = bf(s[0]), u = bf(s[1]);
             a.gu[static_cast<int64_t>(b) * a.DH + n] = __float2bfloat16(g / (1.f + expf(-g)) * u);
           });
           break;
         default:
-          stage_copy<B>(a.gu, a.DH, a.DH, xs);
+          copy(a.gu, a.DH);
+          staged(p);
           gemv_rows<B, 1>(L.down, DD, a.DH, xs, part, residual);
           break;
       }
     }
   }
-  if (trace) stamp(2 * P - 1);
+  if (trace) stamp(3 * P - 1);
 }
 
 const void* kernel_for(int B) {
@@ -396,9 +409,9 @@ DepPlan depformer_plan(const DepStepArgs& a, int max_blocks) {
   }
   if (!coop) return fail("the device has no cooperative launch");
   const int G = max_blocks > 0 ? std::min(sms, max_blocks) : sms;
-  const int max_rows = std::max({3 * a.DD, a.DH, a.card, a.DD});
   p.kmax = std::max({a.D, a.DD, a.DH});
   p.own_rows = (a.DD + G - 1) / G;
+  const int max_rows = std::max({3 * a.DD, a.DH, a.card, a.DD});
   p.part_floats = (2 * kWarps + (max_rows + G - 1) / G) * 2 * a.B;
   p.smem = align16(static_cast<size_t>(a.B) * p.kmax * sizeof(bf16)) + align16(p.part_floats * sizeof(float)) +
            static_cast<size_t>(a.B) * p.own_rows * sizeof(bf16);
@@ -433,14 +446,9 @@ void depformer_step(const DepStepArgs& a, const DepPlan& plan, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaError_t e;
-  switch (a.B) {
-    case 1: e = cudaLaunchKernelEx(&cfg, depformer_kernel<1>, k); break;
-    case 2: e = cudaLaunchKernelEx(&cfg, depformer_kernel<2>, k); break;
-    case 3: e = cudaLaunchKernelEx(&cfg, depformer_kernel<3>, k); break;
-    case 4: e = cudaLaunchKernelEx(&cfg, depformer_kernel<4>, k); break;
-    default: throw std::runtime_error("depformer_step: batch must be 1..4");
-  }
+  DepStepArgs* kp = &k;
+  if (a.B < 1 || a.B > kDepMaxBatch) throw std::runtime_error("depformer_step: batch must be 1..4");
+  const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel_for(a.B), reinterpret_cast<void**>(&kp));
   if (e != cudaSuccess) throw std::runtime_error(std::string("depformer_step: ") + cudaGetErrorString(e));
 }
 

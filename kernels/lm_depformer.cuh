@@ -64,7 +64,8 @@ struct DepStepArgs {
   unsigned* barrier = nullptr;
   bool prefetch = true;  // pull each block's weight slice of the phase two ahead into L2
   // Measurement only (nullptr in production): the first and the last block write clock64() at
-  // the start and the end of each phase's work, [2][2 * phases] (phases = 2 + 4 layers).
+  // the start of each phase, after its input staging and at its end: [2][3 * phases]
+  // (phases = 2 + 4 layers).
   long long* trace = nullptr;
   // Shared-memory layout, set by depformer_step from the plan.
   int kmax = 0, part_floats = 0, own_rows = 0;

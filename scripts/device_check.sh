@@ -24,10 +24,10 @@ for v in stock skip-other-mimi; do
   $B/personaplex-bench --device cuda --random-weights --frames "$frames" $extra --out "$OUT/frame_cuda_$v.json" > "$OUT/bench_$v.log" 2>&1
   echo "bench $v rc=$?" >> "$OUT/summary.txt"
 done
-# The depformer paths side by side: per-op kernels, persistent kernel without L2 prefetch, half grid.
-PPX_DEP_PERSISTENT=0 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_cuda_stock_depkernels.json" > "$OUT/bench_depkernels.log" 2>&1
-PPX_DEP_PREFETCH=0 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_noprefetch.json" > "$OUT/bench_noprefetch.log" 2>&1
-PPX_DEP_BLOCKS=66 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_blocks66.json" > "$OUT/bench_blocks66.log" 2>&1
+# A long run: the temporal ring fills to its 3000-token context.
+$B/personaplex-bench --device cuda --random-weights --frames 3000 --out "$OUT/frame_cuda_stock_3000.json" > "$OUT/bench_3000.log" 2>&1
+# The persistent depformer kernel (opt-in experiment) against the default per-op kernels.
+PPX_DEP_PERSISTENT=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_deppersistent.json" > "$OUT/bench_deppersistent.log" 2>&1
 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8.json" > "$OUT/bench_dep8.log" 2>&1
 $B/personaplex-bench-mimi --device cuda --frames 200 --out "$OUT/mimi_cuda.json" > "$OUT/bench_mimi.log" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1

@@ -352,10 +352,11 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
-  // The persistent depformer kernel where the device can run it (cooperative launch, a block per
-  // multiprocessor); PPX_DEP_BLOCKS caps its grid, for measurements.
+  // The persistent depformer kernel on request (PPX_DEP_PERSISTENT=1) where the device can run it
+  // (cooperative launch, a block per multiprocessor); PPX_DEP_BLOCKS caps its grid. Off by default:
+  // it measured no faster than the per-op kernels (docs/PERF.md, v6).
   const bool want = path == DepformerPath::kPersistent ||
-                    (path == DepformerPath::kAuto && !env_is("PPX_DEP_PERSISTENT", "0"));
+                    (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1"));
   if (want && dep_steps_ > 0) {
     const char* cap = std::getenv("PPX_DEP_BLOCKS");
     dep_prefetch_ = !env_is("PPX_DEP_PREFETCH", "0");

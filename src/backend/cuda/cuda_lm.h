@@ -6,9 +6,9 @@
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
 //
-// The depformer steps run either as one persistent cooperative kernel per step (kernels/
-// lm_depformer.cuh; the default where the device supports it) or as the per-op kernels (about 33
-// launches per step; PPX_DEP_PERSISTENT=0, or the fallback).
+// The depformer steps run as per-op kernels (about 33 launches per step), or with
+// PPX_DEP_PERSISTENT=1 as one persistent cooperative kernel per step (kernels/lm_depformer.cuh),
+// an experiment that measured no faster (docs/PERF.md, v6).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -87,7 +87,8 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
 void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, bool fused_attention,
                                cudaStream_t s);
 
-// kAuto: the persistent kernel unless PPX_DEP_PERSISTENT=0 or the device cannot run it (logged).
+// kAuto: the per-op kernels, or the persistent kernel with PPX_DEP_PERSISTENT=1 where the device
+// can run it (the fallback is logged).
 enum class DepformerPath { kAuto, kKernels, kPersistent };
 
 struct SamplingParams {
