@@ -17,15 +17,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSmemBytes = 100 * 1024;
 constexpr unsigned kEarlyTriggerBlocks = 384;
 
-__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
 
 template <GemvIn IN, int B>
 __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
@@ -164,11 +155,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
     float xf[B][8];
 #pragma unroll
-    for (int b = 0; b < B; ++b) unpack8(*reinterpret_cast<const uint4*>(xs + b * K + c * 8), xf[b]);
+    for (int b = 0; b < B; ++b) bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + b * K + c * 8), xf[b]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float wf[8];
-      unpack8(wv[r], wf);
+      bf16x8_to_float(wv[r], wf);
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll

@@ -4,11 +4,7 @@
 # (an empty string is the default configuration). Results in $OUT.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/devrun
-tar -xJf devpkg/devrun.tar.xz -C /tmp/devrun
-export LD_LIBRARY_PATH=/tmp/devrun/lib:${LD_LIBRARY_PATH:-}
-B=/tmp/devrun/bin
+. scripts/device_common.sh
 frames=${FRAMES:-500}
 for v in "$@"; do
   tag=${v:-default}; tag=${tag//=/_}

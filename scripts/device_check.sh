@@ -3,11 +3,7 @@
 # golden checks and benchmarks. Everything lands in $OUT (JSON and logs); a summary prints last.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/devrun
-tar -xJf devpkg/devrun.tar.xz -C /tmp/devrun
-export LD_LIBRARY_PATH=/tmp/devrun/lib:${LD_LIBRARY_PATH:-}
-B=/tmp/devrun/bin
+. scripts/device_common.sh
 D=tests/data
 frames=${FRAMES:-500}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1

@@ -41,6 +41,22 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
+// y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
+void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const bf16* w, const bf16* x, int N, int K, bf16* y,
+                  const bf16* alpha, int B, cudaStream_t s) {
+  kern::GemvArgs a;
+  a.w = w;
+  a.x = x;
+  a.x_stride = in == kern::GemvIn::kSiluGate ? 2 * K : K;
+  a.N = N;
+  a.K = K;
+  a.B = B;
+  a.alpha = alpha;
+  a.y = y;
+  a.y_stride = out == kern::GemvOut::kGateUp ? N / 2 : N;
+  kern::gemv(in, out, a, s);
+}
+
 // Once per process: a server opens many sessions.
 void log_fallback(const std::string& why) {
   static std::once_flag once;
@@ -103,19 +119,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) {
-    kern::GemvArgs a;
-    a.w = w;
-    a.x = x;
-    a.x_stride = in == GemvIn::kSiluGate ? 2 * Kd : Kd;
-    a.N = N;
-    a.K = Kd;
-    a.B = B;
-    a.alpha = alpha;
-    a.y = y;
-    a.y_stride = out == GemvOut::kGateUp ? N / 2 : N;
-    kern::gemv(in, out, a, s);
-  };
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
   {
     kern::GemvArgs a;
     a.w = lm.depformer_in[st];
@@ -451,18 +455,7 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) {
-    kern::GemvArgs a;
-    a.w = w;
-    a.x = x;
-    a.x_stride = in == GemvIn::kSiluGate ? 2 * Kd : Kd;
-    a.N = N;
-    a.K = Kd;
-    a.alpha = alpha;
-    a.y = y;
-    a.y_stride = out == GemvOut::kGateUp ? N / 2 : N;
-    kern::gemv(in, out, a, s);
-  };
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, 1, s); };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm_.layers[l];
     ring.k = k_cache_.get() + l * layer_kv;
