@@ -55,8 +55,9 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* f) {
   }
 }
 
-// Upstream's ring visibility (lm_attention.cuh): after the write E tokens exist; slot idx is seen
-// by the query at position q iff its label is in [0, q] and, when context > 0, q - label < context.
+// Upstream's ring visibility (the rule in lm_attention.cuh), shared by the GPU attentions over a
+// ring: after the write E tokens exist; slot idx is seen by the query at position q iff its label
+// is in [0, q] and, when context > 0, q - label < context.
 __device__ __forceinline__ bool ring_visible(int idx, int E, int C, int q, int context) {
   if (idx >= E) return false;
   const int delta = idx - E % C;

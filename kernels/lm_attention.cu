@@ -10,13 +10,6 @@ namespace {
 constexpr int kSplit = 64;  // ring slots per block in the split-K attention (16 per warp)
 constexpr int kAttnWarps = 4;
 
-__device__ __forceinline__ bool visible(int idx, int E, int C, int q, int context) {
-  if (idx >= E) return false;
-  const int delta = idx - E % C;
-  const int label = delta <= 0 ? E + delta : E + delta - C;
-  return label >= 0 && q - label >= 0 && (context <= 0 || q - label < context);
-}
-
 // One thread per rotation pair of q and of k, plus a copy of v.
 __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, RingArgs r, float c,
                                    int pairs_per_row) {
@@ -140,7 +133,7 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
   const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + lane * DPL;
   attend<DPL>(qf, r.k + cache0, r.v + cache0, D, k0, k1, scale,
-              [&](int idx) { return visible(idx, E, r.C, qpos, r.context); }, m, l, acc);
+              [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); }, m, l, acc);
   __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][32 * DPL];
   if (lane == 0) {
     sm[warp] = m;
@@ -221,7 +214,7 @@ __global__ void depformer_attention_kernel(const __nv_bfloat16* qkv, RingArgs r,
   const int E = step + 1;
   float m = -INFINITY, l = 0.f;
   attend<DPL>(qf, r.k + cache0, r.v + cache0, D, 0, min(r.C, E), scale,
-              [&](int idx) { return visible(idx, E, r.C, step, 0); }, m, l, acc);
+              [&](int idx) { return ring_visible(idx, E, r.C, step, 0); }, m, l, acc);
 #pragma unroll
   for (int j = 0; j < DPL; ++j)
     out[static_cast<int64_t>(b) * D + h * r.hd + lane * DPL + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);

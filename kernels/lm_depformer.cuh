@@ -54,9 +54,8 @@ struct DepStepArgs {
   __nv_bfloat16* v_ring = nullptr;
   int64_t ring_layer_stride = 0;  // elements between layers (>= slots * ring * DD)
   const int32_t* slot = nullptr;  // [B]
-  // Scratch, device: z [B, DD] (the residual stream), qkv [B, 3 DD], att [B, DD] (per-op path
-  // only), gu [B, DH].
-  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;
+  // Scratch, device: z [B, DD] (the residual stream), qkv [B, 3 DD], gu [B, DH].
+  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *gu = nullptr;
   float* logits = nullptr;  // [B, logits_stride]
   int64_t logits_stride = 0;
   // One arrival counter per stream of launches (a session), zeroed once before the first launch;

@@ -104,7 +104,6 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   a.slot = io.slot;
   a.z = io.z;
   a.qkv = io.qkv;
-  a.att = io.att;
   a.gu = io.gu;
   a.logits = io.logits + static_cast<int64_t>(step) * c.card;
   a.logits_stride = io.logits_stride;
