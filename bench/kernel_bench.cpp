@@ -61,8 +61,9 @@ double time_graph_ms(cudaStream_t s, int launches, int reps, F&& f) {
 }
 
 // The depformer's 16 steps (no sampling) at full size, random weights: the per-op kernels against
-// the persistent kernel at a few grid sizes, with and without the L2 prefetch, and one traced
-// persistent step split into each phase's work and its barrier wait (block 0's clock).
+// the persistent kernel at a few grid sizes (its input projections for all steps included, once
+// per 16 steps), and one traced persistent step split into each phase's work and its barrier wait
+// (block 0's clock).
 nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   using namespace ppx;
   const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
@@ -70,7 +71,7 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   cuda::CudaLm lm(c, 1234);
   const int S = c.dep_q, DD = c.depformer_dim;
   DeviceBuffer<__nv_bfloat16> x(c.dim), k(static_cast<size_t>(c.depformer_num_layers) * S * DD),
-      v(k.size()), z(DD), qkv(3 * DD), att(DD), gu(c.depformer_ffn_hidden());
+      v(k.size()), z(DD), qkv(3 * DD), att(DD), gu(c.depformer_ffn_hidden()), pre(static_cast<size_t>(S) * DD);
   DeviceBuffer<float> logits(static_cast<size_t>(S) * c.card);
   DeviceBuffer<int32_t> tok(1), slot(1);
   DeviceBuffer<unsigned> barrier(1);
@@ -92,6 +93,8 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   io.qkv = qkv.get();
   io.att = att.get();
   io.gu = gu.get();
+  io.pre = pre.get();
+  io.pre_stride = static_cast<int64_t>(S) * DD;
   io.logits = logits.get();
   io.logits_stride = static_cast<int64_t>(S) * c.card;
   io.barrier = barrier.get();
@@ -140,42 +143,53 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
   nlohmann::ordered_json variants = nlohmann::ordered_json::array();
-  for (int blocks : {sms, sms / 2}) {
-    for (bool prefetch : {true, false}) {
-      const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1), blocks);
-      if (plan.blocks == 0) throw Error("persistent depformer kernel: " + plan.why);
-      const double ms = time_graph_ms(s, S, 9, [&](int st) {
-        kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
-        a.prefetch = prefetch;
-        kern::depformer_step(a, plan, s);
-      });
-      nlohmann::ordered_json r;
-      r["blocks"] = plan.blocks;
-      r["prefetch"] = prefetch;
-      r["step_us"] = ms * 1e3;
-      variants.push_back(r);
-      std::printf("depformer step, persistent %3d blocks%s    %7.2f us\n", plan.blocks,
-                  prefetch ? " pf" : "   ", ms * 1e3);
-    }
+  // The persistent steps of one frame: the input projections of all steps, then the 16 launches
+  // (time_graph_ms divides by the 16 launches, so the projections count 1/16 per step).
+  auto persistent = [&](const kern::DepPlan& plan, int st, bool with_sample, bool evict_first = true,
+                        bool kv_in_ring = true) {
+    if (st == 0) cuda::enqueue_depformer_inputs(lm, io, S, s);
+    kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
+    a.evict_first = evict_first;
+    a.kv_in_ring = kv_in_ring;
+    kern::depformer_step(a, plan, s);
+    if (with_sample) sample(st);
+  };
+  struct Variant {
+    int blocks;
+    bool evict, kv;
+  };
+  for (const Variant& v : {Variant{sms, true, true}, Variant{sms, false, true}, Variant{sms, true, false},
+                           Variant{sms / 2, true, true}}) {
+    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0), v.blocks);
+    if (plan.blocks == 0) throw Error("persistent depformer kernel: " + plan.why);
+    const double ms = time_graph_ms(s, S, 9, [&](int st) { persistent(plan, st, false, v.evict, v.kv); });
+    nlohmann::ordered_json r;
+    r["blocks"] = plan.blocks;
+    r["ring_kib"] = plan.wcap / 1024.0;
+    r["l2_evict_first"] = v.evict;
+    r["kv_in_ring"] = v.kv && plan.kv_fits;
+    r["step_us"] = ms * 1e3;
+    variants.push_back(r);
+    std::printf("depformer step, persistent %3d blocks (ring %.0f KiB)%s%s %7.2f us\n", plan.blocks,
+                plan.wcap / 1024.0, v.evict ? "" : " no L2 hint", v.kv && plan.kv_fits ? "" : " K/V from L2",
+                ms * 1e3);
   }
   j["persistent"] = variants;
   {
-    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
-    const double ms = time_graph_ms(s, S, 9, [&](int st) {
-      kern::depformer_step(cuda::depformer_step_args(lm, io, st, S - 1), plan, s);
-      sample(st);
-    });
+    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0));
+    const double ms = time_graph_ms(s, S, 9, [&](int st) { persistent(plan, st, true); });
     j["persistent_with_sample_us"] = ms * 1e3;
     std::printf("depformer step, persistent + sample      %7.2f us\n", ms * 1e3);
   }
-  // One traced step (step 5, after steps 0..4), full grid, prefetch on.
-  const int P = 2 + 4 * c.depformer_num_layers;
+  // One traced step (step 5, after steps 0..4), full grid.
+  const int P = kern::dep_phase_count(c.depformer_num_layers);
   const double us_per_cycle = 1e3 / khz;
   {
-    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0, S - 1));
-    DeviceBuffer<long long> trace(static_cast<size_t>(6) * P);
+    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0));
+    DeviceBuffer<long long> trace(static_cast<size_t>(10) * P);
+    cuda::enqueue_depformer_inputs(lm, io, S, s);
     for (int st = 0; st <= 5; ++st) {
-      kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st, S - 1);
+      kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
       if (st == 5) a.trace = trace.get();
       kern::depformer_step(a, plan, s);
     }
@@ -183,22 +197,26 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
     std::vector<long long> t(trace.size());
     PPX_CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
     nlohmann::ordered_json phases = nlohmann::ordered_json::array();
-    double stage = 0, gemv = 0, wait = 0;
-    std::printf("traced persistent step 5 (block 0; us):\n");
+    double sum[5] = {0, 0, 0, 0, 0};
+    const char* names[5] = {"stage_us", "weight_wait_us", "gemv_us", "epilogue_us", "barrier_us"};
+    std::printf("traced persistent step 5 (block 0; us): stage, weight wait, gemv, epilogue, barrier; last block's work\n");
     for (int p = 0; p < P; ++p) {
-      const double st = (t[3 * p + 1] - t[3 * p]) * us_per_cycle;
-      const double gm = (t[3 * p + 2] - t[3 * p + 1]) * us_per_cycle;
-      const double b = p + 1 < P ? (t[3 * p + 3] - t[3 * p + 2]) * us_per_cycle : 0.0;
-      const double wl = (t[3 * P + 3 * p + 2] - t[3 * P + 3 * p]) * us_per_cycle;
-      phases.push_back({{"phase", p}, {"stage_us", st}, {"gemv_us", gm}, {"barrier_us", b}, {"work_us_last_block", wl}});
-      stage += st;
-      gemv += gm;
-      wait += b;
-      std::printf("  phase %2d  stage %6.2f  gemv+epilogue %6.2f  barrier %6.2f  (last block work %6.2f)\n", p, st,
-                  gm, b, wl);
+      double v[5];
+      for (int i = 0; i < 4; ++i) v[i] = (t[5 * p + i + 1] - t[5 * p + i]) * us_per_cycle;
+      v[4] = p + 1 < P ? (t[5 * p + 5] - t[5 * p + 4]) * us_per_cycle : 0.0;
+      const double wl = (t[5 * P + 5 * p + 4] - t[5 * P + 5 * p]) * us_per_cycle;
+      nlohmann::ordered_json r;
+      r["phase"] = p;
+      for (int i = 0; i < 5; ++i) {
+        r[names[i]] = v[i];
+        sum[i] += v[i];
+      }
+      r["work_us_last_block"] = wl;
+      phases.push_back(r);
+      std::printf("  phase %2d  %6.2f %6.2f %6.2f %6.2f %6.2f   last block %6.2f\n", p, v[0], v[1], v[2], v[3], v[4], wl);
     }
-    std::printf("  staging %.1f, gemv %.1f, barrier waits %.1f us (clock %d MHz assumed)\n", stage, gemv,
-                wait, khz / 1000);
+    std::printf("  sums: staging %.1f, weight wait %.1f, gemv %.1f, epilogue %.1f, barrier %.1f us (clock %d MHz assumed)\n",
+                sum[0], sum[1], sum[2], sum[3], sum[4], khz / 1000);
     j["trace"] = phases;
   }
   j["trace_clock_mhz"] = khz / 1000;
@@ -242,8 +260,10 @@ nlohmann::ordered_json attention_bench(cudaStream_t s) {
 
 int bench(int argc, char** argv) {
   CLI::App app{"GPU ceilings and LM kernel throughput"};
-  std::string out;
+  std::string out, only;
   app.add_option("--out", out, "write the JSON result here too");
+  app.add_option("--only", only, "run one section: copy, gemv, attention or depformer (for profilers)")
+      ->check(CLI::IsMember({"copy", "gemv", "attention", "depformer"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -257,8 +277,9 @@ int bench(int argc, char** argv) {
   j["bench"] = "kernels";
   j["gpu"] = ppx::cuda::device_description();
 
+  auto want = [&](const char* section) { return only.empty() || only == section; };
   // Copy bandwidth: 2 GiB device to device.
-  {
+  if (want("copy")) {
     const size_t n = size_t{1} << 31;
     DeviceBuffer<uint8_t> a(n), b(n);
     PPX_CUDA_CHECK(cudaMemset(a.get(), 1, n));
@@ -294,6 +315,7 @@ int bench(int argc, char** argv) {
   };
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const Shape& sh : shapes) {
+    if (!want("gemv")) break;
     const size_t wn = static_cast<size_t>(sh.N) * sh.K;
     // Enough copies to exceed the 50 MB L2 several times over.
     const int copies = static_cast<int>(std::max<size_t>(2, (400u << 20) / (wn * 2)));
@@ -337,12 +359,12 @@ int bench(int argc, char** argv) {
                 ours * 1e3, bytes / (ours * 1e-3) / 1e12, cublas * 1e3, bytes / (cublas * 1e-3) / 1e12);
   }
   cublasDestroy(h);
-  j["gemv"] = rows;
-  j["temporal_attention"] = attention_bench(s);
-  j["depformer"] = depformer_bench(s);
+  if (want("gemv")) j["gemv"] = rows;
+  if (want("attention")) j["temporal_attention"] = attention_bench(s);
+  if (want("depformer")) j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
-  std::printf("copy bandwidth %.2f TB/s\n", j["copy_tb_s"].get<double>());
+  if (j.contains("copy_tb_s")) std::printf("copy bandwidth %.2f TB/s\n", j["copy_tb_s"].get<double>());
   if (!out.empty()) {
     std::ofstream f(out);
     f << j.dump(2) << "\n";

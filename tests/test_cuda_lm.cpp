@@ -172,7 +172,7 @@ void compare_steppers(const cuda::CudaLm& lm, int steps) {
 
 // One depformer step sequence (steps 0..dep_q-1) for B batch rows on distinct ring slots, kernel
 // level: per-op kernels and the persistent kernel on separate state, same inputs.
-void compare_batch(const cuda::CudaLm& lm, int B) {
+void compare_batch(const cuda::CudaLm& lm, int B, bool kv_in_ring) {
   const LmConfig& c = lm.config();
   const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, slots = 4;
   cuda::DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(B) * D);
@@ -183,7 +183,7 @@ void compare_batch(const cuda::CudaLm& lm, int B) {
   tok.upload(tokens, B);
   slot.upload(slot_ids, B);
   struct State {
-    cuda::DeviceBuffer<__nv_bfloat16> k, v, z, qkv, att, gu;
+    cuda::DeviceBuffer<__nv_bfloat16> k, v, z, qkv, att, gu, pre;
     cuda::DeviceBuffer<float> logits;
     cuda::DeviceBuffer<unsigned> barrier;
   };
@@ -197,6 +197,7 @@ void compare_batch(const cuda::CudaLm& lm, int B) {
     st.qkv.resize(static_cast<size_t>(B) * 3 * DD);
     st.att.resize(static_cast<size_t>(B) * DD);
     st.gu.resize(static_cast<size_t>(B) * DH);
+    st.pre.resize(static_cast<size_t>(B) * (S + 1) * DD);  // a row stride beyond S * DD
     st.logits.resize(static_cast<size_t>(B) * S * c.card);
     PPX_CUDA_CHECK(cudaMemset(st.logits.get(), 0xff, st.logits.bytes()));  // NaN: every entry must be written
     st.barrier.resize(1);
@@ -213,6 +214,8 @@ void compare_batch(const cuda::CudaLm& lm, int B) {
     io.qkv = st.qkv.get();
     io.att = st.att.get();
     io.gu = st.gu.get();
+    io.pre = st.pre.get();
+    io.pre_stride = static_cast<int64_t>(S + 1) * DD;
     io.logits = st.logits.get();
     io.logits_stride = static_cast<int64_t>(S) * c.card;
     io.barrier = st.barrier.get();
@@ -220,11 +223,14 @@ void compare_batch(const cuda::CudaLm& lm, int B) {
   };
   State so, sn;
   const cuda::DepformerIo io_old = make(so), io_new = make(sn);
-  const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io_new, 0, S - 1));
+  const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io_new, 0));
   ASSERT_GT(plan.blocks, 0) << plan.why;
+  cuda::enqueue_depformer_inputs(lm, io_new, S, nullptr);
   for (int st = 0; st < S; ++st) {
     cuda::enqueue_depformer_kernels(lm, io_old, st, false, nullptr);
-    kern::depformer_step(cuda::depformer_step_args(lm, io_new, st, S - 1), plan, nullptr);
+    kern::DepStepArgs a = cuda::depformer_step_args(lm, io_new, st);
+    a.kv_in_ring = kv_in_ring;
+    kern::depformer_step(a, plan, nullptr);
   }
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   const size_t n = so.logits.size();
@@ -238,7 +244,8 @@ void compare_batch(const cuda::CudaLm& lm, int B) {
     const std::vector<float> o(lo.begin() + b * row, lo.begin() + (b + 1) * row);
     const std::vector<float> w(ln.begin() + b * row, ln.begin() + (b + 1) * row);
     const double d = rel_l2(w, o);
-    std::printf("B %d row %d: persistent vs per-op logits rel L2 %.3g\n", B, b, d);
+    std::printf("B %d row %d%s: persistent vs per-op logits rel L2 %.3g\n", B, b, kv_in_ring ? "" : " (K/V from L2)",
+                d);
     EXPECT_LE(d, 2e-2) << "B " << B << " row " << b;
     if (b > 0) {  // rows with other inputs give other logits (the batch is not collapsed)
       const std::vector<float> first(ln.begin(), ln.begin() + row);
@@ -258,7 +265,10 @@ TEST(CudaLmDepformer, PersistentMatchesKernelsTiny) {
 TEST(CudaLmDepformer, PersistentBatchRowsTiny) {
   SKIP_WITHOUT_GPU();
   TinyCuda t;
-  for (int B = 1; B <= 4; ++B) compare_batch(t.lm, B);
+  for (int B = 1; B <= 4; ++B) {
+    compare_batch(t.lm, B, true);
+    compare_batch(t.lm, B, false);
+  }
 }
 
 // Full-size shapes (16 heads of 64, K = 4096 input projection) with random weights generated on
@@ -268,7 +278,10 @@ TEST(CudaLmDepformer, PersistentMatchesKernelsFullSize) {
   const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
   cuda::CudaLm lm(*cfg.lm, 1234);
   compare_steppers(lm, 4);
-  for (int B = 1; B <= 4; ++B) compare_batch(lm, B);
+  for (int B = 1; B <= 4; ++B) {
+    compare_batch(lm, B, true);
+    compare_batch(lm, B, false);
+  }
 }
 
 // The temporal ring attention against a plain fp32 reference of upstream's visibility rule, with

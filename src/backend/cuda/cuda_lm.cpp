@@ -57,6 +57,9 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const bf16* w, const bf16*
   kern::gemv(in, out, a, s);
 }
 
+// The depformer path when neither the caller nor PPX_DEP_PERSISTENT chooses.
+constexpr bool kPersistentByDefault = false;
+
 // Once per process: a server opens many sessions.
 void log_fallback(const std::string& why) {
   static std::once_flag once;
@@ -67,12 +70,11 @@ void log_fallback(const std::string& why) {
 
 }  // namespace
 
-kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step, int last_step) {
+kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step) {
   const LmConfig& c = lm.config();
   const int DD = c.depformer_dim;
   kern::DepStepArgs a;
   a.B = io.B;
-  a.D = c.dim;
   a.DD = DD;
   a.DH = c.depformer_ffn_hidden();
   a.heads = c.depformer_num_heads;
@@ -80,10 +82,8 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   a.card = c.card;
   a.ring = c.dep_q;
   a.step = step;
-  a.x = io.x;
-  a.x_stride = c.dim;
-  a.out_norm = lm.out_norm;
-  a.w_in = lm.depformer_in[step];
+  a.pre = io.pre + static_cast<int64_t>(step) * DD;
+  a.pre_stride = io.pre_stride;
   a.emb = step == 0 ? lm.depformer_text_emb : lm.depformer_emb[step - 1];
   a.emb_rows = step == 0 ? c.text_card + 1 : c.card + 1;
   a.token = io.token;
@@ -94,10 +94,6 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
                   L.norm2, L.lin_in[step],            L.lin_out[step]};
   }
   a.w_head = lm.linears[step];
-  if (step < last_step) {
-    a.next_w_in = lm.depformer_in[step + 1];
-    a.next_qkv0 = lm.dep_layers[0].in_proj + (step + 1) * qkv_step;
-  }
   a.k_ring = io.k_ring;
   a.v_ring = io.v_ring;
   a.ring_layer_stride = io.ring_layer_stride;
@@ -109,6 +105,21 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   a.logits_stride = io.logits_stride;
   a.barrier = io.barrier;
   return a;
+}
+
+void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int steps, cudaStream_t s) {
+  const LmConfig& c = lm.config();
+  kern::GemvArgs a;
+  a.w = lm.depformer_in_all;
+  a.x = io.x;
+  a.x_stride = c.dim;
+  a.N = steps * c.depformer_dim;
+  a.K = c.dim;
+  a.B = io.B;
+  a.alpha = lm.out_norm;
+  a.y = io.pre;
+  a.y_stride = io.pre_stride;
+  kern::gemv(kern::GemvIn::kRmsNorm, kern::GemvOut::kStore, a, s);
 }
 
 void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, bool fused_attention,
@@ -247,6 +258,14 @@ void CudaLm::allocate() {
       }
     } else if (key.rfind("linears.", 0) == 0) linears.push_back(p);
   }
+  // The state dict lists depformer_in.0 .. depformer_in.{dep_q - 1} in order and their sizes need
+  // no padding, so the steps' input projections form one [dep_q * DD, D] matrix in the arena (one
+  // GEMV for all steps, enqueue_depformer_inputs).
+  depformer_in_all = depformer_in.empty() ? nullptr : depformer_in[0];
+  for (size_t s = 0; s < depformer_in.size(); ++s) {
+    if (depformer_in[s] != depformer_in_all + s * static_cast<size_t>(c_.depformer_dim) * c_.dim)
+      throw Error("depformer input projections are not contiguous in the weight arena");
+  }
 }
 
 void CudaLm::finish_tables() {
@@ -325,6 +344,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   dqkv_.resize(3 * DD);
   datt_.resize(DD);
   dgu_.resize(2 * static_cast<size_t>(DH));
+  dpre_.resize(static_cast<size_t>(S) * DD);
   work_.resize(kern::attention_work_floats(1, c.num_heads, D / c.num_heads, c.context));
   logits_.resize(c.text_card + static_cast<size_t>(S) * c.card);
   ext_.resize(D);
@@ -355,20 +375,20 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
-  // The persistent depformer kernel on request (PPX_DEP_PERSISTENT=1) where the device can run it
-  // (cooperative launch, a block per multiprocessor); PPX_DEP_BLOCKS caps its grid. Off by default:
-  // it measured no faster than the per-op kernels (docs/PERF.md, v6).
+  // The persistent depformer kernel where the device can run it (compute capability 9.0+,
+  // cooperative launch, a block per multiprocessor), unless PPX_DEP_PERSISTENT=0; PPX_DEP_BLOCKS
+  // caps its grid. kPersistentByDefault records which path measured faster (docs/PERF.md).
   const bool want = path == DepformerPath::kPersistent ||
-                    (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1"));
+                    (path == DepformerPath::kAuto &&
+                     (kPersistentByDefault ? !env_is("PPX_DEP_PERSISTENT", "0") : env_is("PPX_DEP_PERSISTENT", "1")));
   if (want && dep_steps_ > 0) {
     const char* cap = std::getenv("PPX_DEP_BLOCKS");
-    dep_prefetch_ = !env_is("PPX_DEP_PREFETCH", "0");
-    dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0, dep_steps_ - 1),
+    dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0),
                                      cap ? std::atoi(cap) : 0);
     dep_persistent_ = dep_plan_.blocks > 0;
     if (!dep_persistent_) {
       if (path == DepformerPath::kPersistent) throw Error("persistent depformer kernel: " + dep_plan_.why);
-      log_fallback(dep_plan_.why);
+      if (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1")) log_fallback(dep_plan_.why);
     }
   }
   // Capture the step once; every run replays it.
@@ -412,6 +432,8 @@ DepformerIo CudaLmStepper::depformer_io() const {
   io.qkv = dqkv_.get();
   io.att = datt_.get();
   io.gu = dgu_.get();
+  io.pre = dpre_.get();
+  io.pre_stride = static_cast<int64_t>(c.dep_q) * c.depformer_dim;
   io.logits = logits_.get() + c.text_card;
   io.logits_stride = static_cast<int64_t>(c.dep_q) * c.card;
   io.barrier = dep_barrier_.get();
@@ -499,10 +521,11 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
   sample(0, logits_.get(), V);
 
   const DepformerIo io = depformer_io();
+  if (dep_persistent_ && dep_steps_ > 0) enqueue_depformer_inputs(lm_, io, dep_steps_, s);
   for (int st = 0; st < dep_steps_; ++st) {
     if (dep_persistent_) {
-      kern::DepStepArgs a = depformer_step_args(lm_, io, st, dep_steps_ - 1);
-      a.prefetch = dep_prefetch_;
+      kern::DepStepArgs a = depformer_step_args(lm_, io, st);
+      a.kv_in_ring = !env_is("PPX_DEP_KV", "0");  // measurement switch: keys and values from L2
       kern::depformer_step(a, dep_plan_, s);
     } else {
       enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);

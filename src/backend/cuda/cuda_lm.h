@@ -7,8 +7,8 @@
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
 //
 // The depformer steps run as per-op kernels (about 33 launches per step), or with
-// PPX_DEP_PERSISTENT=1 as one persistent cooperative kernel per step (kernels/lm_depformer.cuh),
-// an experiment that measured no faster (docs/PERF.md, v6).
+// PPX_DEP_PERSISTENT=1 as one persistent cooperative kernel per step on sm_90+
+// (kernels/lm_depformer.cuh), an experiment that measured ~10% slower (docs/PERF.md, v0.4).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,6 +52,7 @@ class CudaLm {
   const __nv_bfloat16* out_norm = nullptr;
   const __nv_bfloat16* text_linear = nullptr;
   std::vector<const __nv_bfloat16*> depformer_in, depformer_emb, linears;
+  const __nv_bfloat16* depformer_in_all = nullptr;  // [dep_q * depformer_dim, dim]: depformer_in[0..]
   const __nv_bfloat16* depformer_text_emb = nullptr;
   std::vector<Depformer> dep_layers;
   DeviceBuffer<const __nv_bfloat16*> emb_tables;  // [n_q + 1]: text, then audio
@@ -75,20 +76,25 @@ struct DepformerIo {
   int64_t ring_layer_stride = 0;
   const int32_t* slot = nullptr;     // [B]
   __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;  // scratch
+  __nv_bfloat16* pre = nullptr;      // [B, pre_stride]: every step's input projection (persistent kernel)
+  int64_t pre_stride = 0;            // >= dep_q * depformer_dim
   float* logits = nullptr;           // [B, logits_stride]; step s writes columns [s card, (s + 1) card)
   int64_t logits_stride = 0;
   unsigned* barrier = nullptr;       // persistent kernel only
 };
 
-// Arguments of depformer step `step` (steps run 0..last_step in order) for the persistent kernel.
-kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step, int last_step);
+// The persistent kernel's path: enqueue_depformer_inputs computes io.pre for steps [0, steps)
+// (bf16(depformer_in[s] out_norm(x)), one GEMV: it does not depend on the sampled tokens), then
+// each step is one kern::depformer_step with these arguments.
+void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int steps, cudaStream_t s);
+kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step);
 // The same step as per-op kernels; fused_attention computes the attention inside the output
 // projection's input staging (B == 1 only).
 void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, bool fused_attention,
                                cudaStream_t s);
 
 // kAuto: the per-op kernels, or the persistent kernel with PPX_DEP_PERSISTENT=1 where the device
-// can run it (the fallback is logged).
+// can run it (the fallback is logged); PPX_DEP_PERSISTENT=0 forces the per-op kernels.
 enum class DepformerPath { kAuto, kKernels, kPersistent };
 
 struct SamplingParams {
@@ -121,7 +127,6 @@ class CudaLmStepper : public LmStepper {
   int dep_steps_;
   bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
   bool dep_persistent_ = false;
-  bool dep_prefetch_ = true;  // PPX_DEP_PREFETCH=0 turns the persistent kernel's L2 prefetch off
   kern::DepPlan dep_plan_;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
@@ -129,7 +134,7 @@ class CudaLmStepper : public LmStepper {
   float last_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;
-  DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_;
+  DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
   // req_ = tokens [K] | force [1 + S] | target [K] | use_ext [1]  (the uploaded request)
   DeviceBuffer<int32_t> req_, pos_, slot_, sampled_, next_, top_k_;
