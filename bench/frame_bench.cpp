@@ -38,6 +38,13 @@ int bench(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
+  // Mimi decodes the agent's codebooks, the first n_q / 2 depformer steps: an exit before them
+  // would leave the frame without audio.
+  const int agent_codebooks = m.cfg.lm->n_q / 2, dep_q = m.cfg.lm->dep_q;
+  if (dep_steps != -1 && (dep_steps < agent_codebooks || dep_steps > dep_q))
+    throw ppx::Error("--dep-q-exit " + std::to_string(dep_steps) + ": must be -1 (all) or " +
+                     std::to_string(agent_codebooks) + ".." + std::to_string(dep_q) +
+                     " (the agent's codebooks are needed to decode the audio)");
   ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(0);
   if (!skip_other_mimi) codec = std::make_unique<ppx::MirroredCodecStream>(std::move(codec), m.backend->codec_stream(1));
