@@ -236,15 +236,7 @@ nlohmann::ordered_json attention_bench(cudaStream_t s) {
   kern::fill_random_bf16(q.get(), D, 9, 1.f, 0.f, s);
   const int32_t zero = 0;
   slot.upload(&zero, 1, s);
-  kern::RingArgs r;
-  r.k = k.get();
-  r.v = v.get();
-  r.pos = pos.get();
-  r.slot = slot.get();
-  r.C = C;
-  r.H = H;
-  r.hd = hd;
-  r.context = C;
+  const kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, /*context=*/C};
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (int n : {64, 300, 1000, 3000}) {
     const int32_t p = n - 1;

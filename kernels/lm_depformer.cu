@@ -247,14 +247,13 @@ struct WeightRing {
 
 // Where the dynamic shared memory of a block is cut (host and device agree).
 struct SmemLayout {
-  size_t part, zown, wbuf, total;
+  size_t part, zown, wbuf;  // byte offsets; the weight ring (wcap bytes) ends the block's memory
 };
-__host__ __device__ inline SmemLayout smem_layout(int B, int kmax, int part_floats, int own_rows, unsigned wcap) {
+__host__ __device__ inline SmemLayout smem_layout(int B, int kmax, int part_floats, int own_rows) {
   SmemLayout l;
   l.part = align16(static_cast<size_t>(B) * kmax * sizeof(bf16));
   l.zown = l.part + align16(static_cast<size_t>(part_floats) * sizeof(float));
   l.wbuf = (l.zown + static_cast<size_t>(B) * own_rows * sizeof(bf16) + 127) / 128 * 128;
-  l.total = l.wbuf + wcap;
   return l;
 }
 
@@ -302,12 +301,11 @@ __device__ void stage_rmsnorm(int K, const bf16* alpha, float eps, bf16* xs, flo
   }
 }
 
+// xs = x, both [B, K] (rows of K contiguous).
 template <int B>
-__device__ void stage_copy(const bf16* x, int64_t stride, int K, bf16* xs) {
-  for (int b = 0; b < B; ++b) {
-    for (int k = threadIdx.x * 8; k < K; k += kThreads * 8)
-      *reinterpret_cast<uint4*>(xs + b * K + k) = __ldcg(reinterpret_cast<const uint4*>(x + b * stride + k));
-  }
+__device__ void stage_copy(const bf16* x, int K, bf16* xs) {
+  for (int k = threadIdx.x * 8; k < B * K; k += kThreads * 8)
+    *reinterpret_cast<uint4*>(xs + k) = __ldcg(reinterpret_cast<const uint4*>(x + k));
 }
 
 // xs[b] = attention output of layer `layer` at step a.step ([DD], heads concatenated): one warp per
@@ -559,7 +557,7 @@ __device__ __forceinline__ void stage_norm(const DepStepArgs& a, const bf16* alp
 template <int B>
 __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_constant__ DepStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const SmemLayout lay = smem_layout(B, a.kmax, a.part_floats, a.own_rows, a.wcap);
+  const SmemLayout lay = smem_layout(B, a.kmax, a.part_floats, a.own_rows);
   bf16* xs = reinterpret_cast<bf16*>(smem);  // [B, kmax]: the staged GEMV input
   float* part = reinterpret_cast<float*>(smem + lay.part);
   bf16* zown = reinterpret_cast<bf16*>(smem + lay.zown);  // [B, own_rows]: this block's rows of z
@@ -605,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
       }
       stage_attention<B>(a, l, slot, kvs, xs);
     } else {
-      stage_copy<B>(kind == 3 ? a.gu : a.z, kind == 3 ? a.DH : a.DD, kind == 3 ? a.DH : a.DD, xs);
+      stage_copy<B>(kind == 3 ? a.gu : a.z, kind == 3 ? a.DH : a.DD, xs);
     }
     if (trace) stamp(5 * p + 1);
     const bf16* ws = ring.wait(p);
@@ -662,7 +660,7 @@ DepPlan depformer_plan(const DepStepArgs& a, int max_blocks) {
   const int G = max_blocks > 0 ? std::min(sms, max_blocks) : sms;
   p.kmax = std::max(a.DD, a.DH);
   p.own_rows = (a.DD + G - 1) / G;
-  const int max_rows = std::max({3 * a.DD, a.DH, a.card, a.DD});
+  const int max_rows = std::max({3 * a.DD, a.DH, a.card});
   // Partial sums: [warps, B, rows of the largest slice rounded up to 16] (gate/up: two rows each).
   const int max_slice_rows = std::max({(max_rows + G - 1) / G, 2 * ((a.DH + G - 1) / G)});
   p.part_floats = kWarps * a.B * ((max_slice_rows + 15) / 16 * 16);
@@ -681,7 +679,7 @@ DepPlan depformer_plan(const DepStepArgs& a, int max_blocks) {
     const std::string e = cudaGetErrorString(cudaGetLastError());
     return fail("kernel attributes unavailable: " + e);
   }
-  const SmemLayout lay = smem_layout(a.B, p.kmax, p.part_floats, p.own_rows, 0);
+  const SmemLayout lay = smem_layout(a.B, p.kmax, p.part_floats, p.own_rows);
   const size_t avail = static_cast<size_t>(optin) - fa.sharedSizeBytes;
   if (lay.wbuf + max_slice > avail)
     return fail("a phase's weight slice (" + std::to_string(max_slice) + " bytes) does not fit in shared memory");

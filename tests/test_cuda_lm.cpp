@@ -309,15 +309,7 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
     for (int p : {0, 5, 63, 64, 699, 1500}) {
       const int32_t positions[2] = {p / 2, p};  // slot 0 at p / 2, slot 1 at p (batch row 0)
       pos.upload(positions, 2);
-      kern::RingArgs r;
-      r.k = k.get();
-      r.v = v.get();
-      r.pos = pos.get();
-      r.slot = slot.get();
-      r.C = C;
-      r.H = H;
-      r.hd = hd;
-      r.context = context;
+      const kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, context};
       kern::ring_attention(q.get(), r, 2, work.get(), out.get(), nullptr);
       PPX_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> got = host(out);

@@ -57,9 +57,6 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const bf16* w, const bf16*
   kern::gemv(in, out, a, s);
 }
 
-// The depformer path when neither the caller nor PPX_DEP_PERSISTENT chooses.
-constexpr bool kPersistentByDefault = false;
-
 // Once per process: a server opens many sessions.
 void log_fallback(const std::string& why) {
   static std::once_flag once;
@@ -375,12 +372,13 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
-  // The persistent depformer kernel where the device can run it (compute capability 9.0+,
-  // cooperative launch, a block per multiprocessor), unless PPX_DEP_PERSISTENT=0; PPX_DEP_BLOCKS
-  // caps its grid. kPersistentByDefault records which path measured faster (docs/PERF.md).
+  // The persistent depformer kernel on request (PPX_DEP_PERSISTENT=1) where the device can run it
+  // (compute capability 9.0+, cooperative launch, a block per multiprocessor); PPX_DEP_BLOCKS caps
+  // its grid and PPX_DEP_KV=0 has it read the earlier steps' keys and values from L2. Off by
+  // default: it measured ~10% slower than the per-op kernels (docs/PERF.md, v0.4).
   const bool want = path == DepformerPath::kPersistent ||
-                    (path == DepformerPath::kAuto &&
-                     (kPersistentByDefault ? !env_is("PPX_DEP_PERSISTENT", "0") : env_is("PPX_DEP_PERSISTENT", "1")));
+                    (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1"));
+  dep_kv_in_ring_ = !env_is("PPX_DEP_KV", "0");
   if (want && dep_steps_ > 0) {
     const char* cap = std::getenv("PPX_DEP_BLOCKS");
     dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0),
@@ -388,7 +386,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
     dep_persistent_ = dep_plan_.blocks > 0;
     if (!dep_persistent_) {
       if (path == DepformerPath::kPersistent) throw Error("persistent depformer kernel: " + dep_plan_.why);
-      if (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1")) log_fallback(dep_plan_.why);
+      log_fallback(dep_plan_.why);
     }
   }
   // Capture the step once; every run replays it.
@@ -525,7 +523,7 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
   for (int st = 0; st < dep_steps_; ++st) {
     if (dep_persistent_) {
       kern::DepStepArgs a = depformer_step_args(lm_, io, st);
-      a.kv_in_ring = !env_is("PPX_DEP_KV", "0");  // measurement switch: keys and values from L2
+      a.kv_in_ring = dep_kv_in_ring_;
       kern::depformer_step(a, dep_plan_, s);
     } else {
       enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);

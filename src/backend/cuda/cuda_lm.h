@@ -94,7 +94,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step
                                cudaStream_t s);
 
 // kAuto: the per-op kernels, or the persistent kernel with PPX_DEP_PERSISTENT=1 where the device
-// can run it (the fallback is logged); PPX_DEP_PERSISTENT=0 forces the per-op kernels.
+// can run it (the fallback is logged).
 enum class DepformerPath { kAuto, kKernels, kPersistent };
 
 struct SamplingParams {
@@ -127,6 +127,7 @@ class CudaLmStepper : public LmStepper {
   int dep_steps_;
   bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
   bool dep_persistent_ = false;
+  bool dep_kv_in_ring_ = true;  // PPX_DEP_KV=0: the persistent kernel reads keys/values from L2
   kern::DepPlan dep_plan_;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
