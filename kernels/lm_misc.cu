@@ -1,6 +1,8 @@
 #include "common.cuh"
 #include "lm_misc.cuh"
 
+#include <stdexcept>
+
 namespace ppx::kern {
 
 namespace {
@@ -198,6 +200,20 @@ __global__ void advance_kernel(int32_t* pos, uint64_t* counter, const int32_t* s
   }
 }
 
+__global__ void copy_spans_kernel(const __grid_constant__ CopySpans c) {
+  pdl_wait();
+  const CopySpans::Span sp = c.span[blockIdx.x];
+  const auto* src = static_cast<const unsigned char*>(sp.src);
+  auto* dst = static_cast<unsigned char*>(sp.dst);
+  const bool words = (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | sp.bytes) % 4 == 0;
+  if (words) {
+    for (size_t i = threadIdx.x; i < sp.bytes / 4; i += blockDim.x)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  } else {
+    for (size_t i = threadIdx.x; i < sp.bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 __global__ void fill_kernel(__nv_bfloat16* w, int64_t n, uint64_t seed, float scale, float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -229,6 +245,15 @@ void sample_tokens(const SampleArgs& a, int B, cudaStream_t s) {
 
 void advance(int32_t* pos, uint64_t* counter, const int32_t* slot, int B, cudaStream_t s) {
   pdl_launch(advance_kernel, dim3(1), dim3(32 * ((B + 31) / 32)), 0, s, pos, counter, slot, B);
+}
+
+void CopySpans::add(const void* src, void* dst, size_t bytes) {
+  if (n >= kMaxCopySpans) throw std::length_error("CopySpans: more than kMaxCopySpans spans");
+  span[n++] = {src, dst, bytes};
+}
+
+void copy_spans(const CopySpans& c, cudaStream_t s) {
+  if (c.n > 0) pdl_launch(copy_spans_kernel, dim3(c.n), dim3(256), 0, s, c);
 }
 
 void fill_random_bf16(__nv_bfloat16* w, int64_t n, uint64_t seed, float scale, float offset, cudaStream_t s) {

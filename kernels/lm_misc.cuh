@@ -39,6 +39,21 @@ void sample_tokens(const SampleArgs& a, int B, cudaStream_t s);
 // pos[slot[b]] += 1 and counter[slot[b]] += 1 for each batch row.
 void advance(int32_t* pos, uint64_t* counter, const int32_t* slot, int B, cudaStream_t s);
 
+// Up to kMaxCopySpans independent device-to-device copies in one launch, one block per span
+// (inside a graph this is one node instead of one memcpy node per buffer).
+constexpr int kMaxCopySpans = 8;
+struct CopySpans {
+  struct Span {
+    const void* src = nullptr;
+    void* dst = nullptr;
+    size_t bytes = 0;
+  };
+  int n = 0;
+  Span span[kMaxCopySpans];
+  void add(const void* src, void* dst, size_t bytes);  // throws past kMaxCopySpans
+};
+void copy_spans(const CopySpans& c, cudaStream_t s);
+
 // Deterministic pseudo-random bf16 fill: w[i] = offset + scale * u(seed, i), u uniform in [-1, 1).
 void fill_random_bf16(__nv_bfloat16* w, int64_t n, uint64_t seed, float scale, float offset, cudaStream_t s);
 // Programmatic dependent launch for the LM kernels (call once at start-up; needs sm_90+).

@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# A/B of environment switches on the GPU machine (after scripts/device_pack.sh): the CUDA tests
-# with each switch, then the stock frame bench with each. Usage: device_ab.sh "VAR=1" ["VAR2=1" ...]
-# (an empty string is the default configuration). Results in $OUT.
+# A/B of environment switches on the GPU machine (after scripts/device_pack.sh): the CUDA LM tests
+# with each switch, then the stock frame bench with each. Usage: device_ab.sh "VAR=1" ["VAR2=1 VAR3=0" ...]
+# (an empty string is the default configuration). FRAMES (default 500) sets the bench length;
+# KERNELS=SECTION first runs personaplex-bench-kernels --only SECTION. Results and summary.txt in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh
 frames=${FRAMES:-500}
+log() { echo "$@" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
+if [ -n "${KERNELS:-}" ]; then
+  timeout 120 $B/personaplex-bench-kernels --only "$KERNELS" --out "$OUT/kernels_$KERNELS.json" > "$OUT/kernels_$KERNELS.log" 2>&1
+  log "kernels [$KERNELS] rc=$?"; cat "$OUT/kernels_$KERNELS.log" >> "$OUT/summary.txt"
+fi
 for v in "$@"; do
-  tag=${v:-default}; tag=${tag//=/_}
-  env $v timeout 200 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/tests_$tag.log" 2>&1
-  echo "tests [$tag] rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tests_$tag.log" | tr '\n' ' ')"
+  tag=${v:-default}; tag=${tag//=/_}; tag=${tag// /+}
+  env $v timeout 300 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/tests_$tag.log" 2>&1
+  log "tests [$tag] rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tests_$tag.log" | tr '\n' ' ')"
+  grep -E "rel L2|teacher-forced" "$OUT/tests_$tag.log" >> "$OUT/summary.txt"
   env $v timeout 200 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_$tag.json" > "$OUT/frame_$tag.log" 2>&1
-  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); t=j['total_ms']; l=j['stages_ms']['lm_step']; print(sys.argv[2], 'total p50 %.2f p99 %.2f | lm p50 %.2f p99 %.2f' % (t['p50'], t['p99'], l['p50'], l['p99']))" "$OUT/frame_$tag.json" "[$tag]"
+  log "bench [$tag] rc=$?"
+  python3 - "$OUT/frame_$tag.json" "[$tag]" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+j = json.load(open(sys.argv[1])); t = j['total_ms']; st = j['stages_ms']; l = st['lm_step']
+line = '%s total p50 %.2f p99 %.2f max %.2f | enc p50 %.2f lm p50 %.2f p99 %.2f dec p50 %.2f | over %d' % (
+    sys.argv[2], t['p50'], t['p99'], t['max'], st['mimi_encode']['p50'], l['p50'], l['p99'],
+    st['mimi_decode']['p50'], j['frames_over_budget'])
+d = st.get('lm_deferred_depformer_device')
+if d: line += ' | deferred depformer (device) p50 %.2f p99 %.2f' % (d['p50'], d['p99'])
+print(line)
+PY
 done

@@ -138,7 +138,8 @@ void compare_steppers(const cuda::CudaLm& lm, int steps) {
   cuda::SamplingParams sp;
   sp.seed = 7;
   cuda::CudaLmStepper old_path(lm, sp, -1, cuda::DepformerPath::kKernels);
-  cuda::CudaLmStepper new_path(lm, sp, -1, cuda::DepformerPath::kPersistent);
+  // Not deferred: the deferred steps always run the per-op kernels.
+  cuda::CudaLmStepper new_path(lm, sp, -1, cuda::DepformerPath::kPersistent, /*defer_user_steps=*/false);
   ASSERT_FALSE(old_path.persistent_depformer());
   ASSERT_TRUE(new_path.persistent_depformer());
   const LmConfig& c = lm.config();
@@ -254,7 +255,65 @@ void compare_batch(const cuda::CudaLm& lm, int B, bool kv_in_ring) {
   }
 }
 
+// The deferred user-stream depformer steps against a serial stepper (same kernels, same counter-
+// based random draws): identical tokens and logits, sampling on. Frames without logits and with
+// every user stream provided return before the tail runs (its tokens are -1 then); a frame with
+// logits, or with a user stream not provided, waits for it.
+void compare_deferred(const cuda::CudaLm& lm, int steps) {
+  const LmConfig& c = lm.config();
+  cuda::SamplingParams sp;
+  sp.seed = 5;
+  cuda::CudaLmStepper serial(lm, sp, -1, cuda::DepformerPath::kKernels, /*defer_user_steps=*/false);
+  cuda::CudaLmStepper deferred(lm, sp, -1, cuda::DepformerPath::kKernels);
+  const int half = c.n_q / 2;
+  ASSERT_EQ(serial.tail_begin(), c.dep_q);
+  ASSERT_EQ(deferred.tail_begin(), c.dep_q > half ? half : c.dep_q);
+  const int K = c.n_q + 1;
+  std::mt19937 rng(3);
+  std::vector<int64_t> input(K), target(K);
+  std::vector<uint8_t> provided(K);
+  for (int t = 0; t < steps; ++t) {
+    const bool with_logits = t % 5 == 4, user_missing = t % 7 == 5;
+    for (int k = 0; k < K; ++k) {
+      input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      provided[k] = k > half ? 1 : 0;  // streams 1 + half .. n_q: the user's codebooks
+    }
+    if (user_missing) provided[K - 2] = 0;
+    StepRequest req;
+    req.input = input.data();
+    req.target = target.data();
+    req.provided = provided.data();
+    StepResult rs, rd;
+    StepLogits ls, ld;
+    serial.run(req, rs, with_logits ? &ls : nullptr);
+    deferred.run(req, rd, with_logits ? &ld : nullptr);
+    EXPECT_EQ(rd.text, rs.text) << "step " << t;
+    for (int s = 0; s < c.dep_q; ++s) {
+      if (s < deferred.tail_begin() || with_logits || user_missing) {
+        EXPECT_EQ(rd.audio[s], rs.audio[s]) << "step " << t << " codebook " << s;
+      } else {
+        EXPECT_EQ(rd.audio[s], -1) << "step " << t << " codebook " << s;
+      }
+    }
+    if (with_logits) {
+      EXPECT_EQ(rel_l2(ld.text, ls.text), 0.0) << "step " << t;
+      EXPECT_EQ(rel_l2(ld.audio, ls.audio), 0.0) << "step " << t;
+    }
+    if (t > 0 && deferred.tail_begin() < c.dep_q) {
+      EXPECT_GT(deferred.deferred_ms(), 0.0) << "step " << t;
+    }
+  }
+  EXPECT_EQ(serial.deferred_ms(), 0.0);
+}
+
 }  // namespace
+
+TEST(CudaLmDeferred, MatchesSerialTiny) {
+  SKIP_WITHOUT_GPU();
+  TinyCuda t;
+  compare_deferred(t.lm, 24);
+}
 
 TEST(CudaLmDepformer, PersistentMatchesKernelsTiny) {
   SKIP_WITHOUT_GPU();
@@ -278,6 +337,7 @@ TEST(CudaLmDepformer, PersistentMatchesKernelsFullSize) {
   const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
   cuda::CudaLm lm(*cfg.lm, 1234);
   compare_steppers(lm, 4);
+  compare_deferred(lm, 6);
   for (int B = 1; B <= 4; ++B) {
     compare_batch(lm, B, true);
     compare_batch(lm, B, false);

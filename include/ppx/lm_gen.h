@@ -54,7 +54,9 @@ struct StepRequest {
 
 struct StepResult {
   int64_t text = 0;            // sampled text token
-  std::vector<int64_t> audio;  // [dep_q] sampled audio tokens (-1 for skipped depformer steps)
+  // [dep_q] sampled audio tokens; -1 for skipped depformer steps, and for steps of provided
+  // streams whose results the engine computes after run() returns (their tokens are not used).
+  std::vector<int64_t> audio;
 };
 
 // Computes model calls: temporal transformer, text sampling, depformer. Holds the per-session
@@ -65,6 +67,9 @@ class LmStepper {
   virtual const LmConfig& config() const = 0;
   virtual void reset() = 0;  // empty KV cache, position 0
   virtual void run(const StepRequest& req, StepResult& out, StepLogits* logits) = 0;
+  // Device time (ms) of the work of an earlier run that was still running when that run returned
+  // (the CUDA engine's deferred depformer steps of provided streams); 0 when there is none.
+  virtual double deferred_ms() const { return 0; }
 };
 
 // The CPU reference stepper: ppx::Lm in fp32, tokens chosen by a TokenChooser.

@@ -49,6 +49,16 @@ nlohmann::ordered_json machine_info() {
   if (gethostname(host, sizeof(host) - 1) == 0) j["host"] = host;
   j["commit"] = ppx_git_commit;
   j["version"] = PPX_VERSION;
+  // The engine's experiment switches (docs/CLI.md), so that a result says which path ran.
+  nlohmann::ordered_json env = nlohmann::ordered_json::object();
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("PPX_", 0) == 0) {
+      const size_t eq = kv.find('=');
+      env[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    }
+  }
+  j["env"] = env;
   return j;
 }
 

@@ -314,7 +314,8 @@ CudaLm::CudaLm(const LmConfig& c, uint64_t seed) : c_(c) {
 
 CudaLm::~CudaLm() = default;
 
-CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps, DepformerPath path)
+CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps, DepformerPath path,
+                             bool defer_user_steps)
     : lm_(lm), sp_(sp) {
   const LmConfig& c = lm.config();
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
@@ -323,9 +324,18 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_FUSED") == nullptr;
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
+  // Depformer steps of user streams (s >= n_q / 2) are deferred to the tail unless PPX_DEP_DEFER=0.
+  tail_begin_ = dep_steps_;
+  if (defer_user_steps && !env_is("PPX_DEP_DEFER", "0") && dep_steps_ > c.n_q / 2) tail_begin_ = c.n_q / 2;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PPX_CUDA_CHECK(cudaEventCreate(&ev0_));
   PPX_CUDA_CHECK(cudaEventCreate(&ev1_));
+  if (tail_begin_ < dep_steps_) {
+    PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&tail_stream_, cudaStreamNonBlocking));
+    PPX_CUDA_CHECK(cudaEventCreateWithFlags(&dep_done_, cudaEventDisableTiming));
+    for (auto& p : tail_ev_)
+      for (auto& e : p) PPX_CUDA_CHECK(cudaEventCreate(&e));
+  }
   const size_t kv = static_cast<size_t>(c.num_layers) * c.context * D;
   k_cache_.resize(kv);
   v_cache_.resize(kv);
@@ -360,6 +370,15 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   h_prov_ = PinnedBuffer<uint8_t>(K);
   h_out_ = PinnedBuffer<int32_t>(1 + S);
   h_ext_ = PinnedBuffer<float>(D);
+  if (tail_stream_) {
+    tx_.resize(D);
+    treq_.resize(req_.size());
+    tnext_.resize(1);
+    tsampled_.resize(dep_steps_ - tail_begin_);
+    tprov_.resize(K);
+    tcounter_.resize(1);
+    h_tail_out_ = PinnedBuffer<int32_t>(tsampled_.size());
+  }
   const int32_t zero = 0;
   slot_.upload(&zero, 1, stream_);
   const float temps[2] = {sp.temp_text, sp.temp_audio};
@@ -391,29 +410,57 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   }
   // Capture the step once; every run replays it.
   try {
-    capture_graph();
+    capture_graphs();
   } catch (const std::exception& e) {
     if (!dep_persistent_ || path == DepformerPath::kPersistent) throw;
     log_fallback(std::string("graph capture: ") + e.what());
     dep_persistent_ = false;
-    capture_graph();
+    capture_graphs();
   }
 }
 
-void CudaLmStepper::capture_graph() {
+namespace {
+
+template <typename F>
+cudaGraphExec_t capture(cudaStream_t s, F&& body) {
   cudaGraph_t g = nullptr;
-  PPX_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_step(stream_);
+    body();
   } catch (...) {
-    if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     (void)cudaGetLastError();
     throw;
   }
-  PPX_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-  const cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
   cudaGraphDestroy(g);
   PPX_CUDA_CHECK(e);
+  return exec;
+}
+
+void destroy(cudaGraphExec_t& g) {
+  if (g) cudaGraphExecDestroy(g);
+  g = nullptr;
+}
+
+}  // namespace
+
+void CudaLmStepper::capture_graphs() {
+  destroy(graph_main_);
+  destroy(graph_dep_);
+  destroy(graph_tail_);
+  if (!tail_stream_) {
+    graph_main_ = capture(stream_, [&] {
+      enqueue_main(stream_);
+      enqueue_dep(stream_);
+    });
+    return;
+  }
+  graph_main_ = capture(stream_, [&] { enqueue_main(stream_); });
+  graph_dep_ = capture(stream_, [&] { enqueue_dep(stream_); });
+  graph_tail_ = capture(tail_stream_, [&] { enqueue_tail(tail_stream_); });
 }
 
 DepformerIo CudaLmStepper::depformer_io() const {
@@ -439,25 +486,55 @@ DepformerIo CudaLmStepper::depformer_io() const {
 }
 
 CudaLmStepper::~CudaLmStepper() {
-  if (graph_) cudaGraphExecDestroy(graph_);
-  if (ev0_) cudaEventDestroy(ev0_);
-  if (ev1_) cudaEventDestroy(ev1_);
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (tail_stream_) cudaStreamSynchronize(tail_stream_);
+  destroy(graph_main_);
+  destroy(graph_dep_);
+  destroy(graph_tail_);
+  for (cudaEvent_t e : {ev0_, ev1_, dep_done_, tail_ev_[0][0], tail_ev_[0][1], tail_ev_[1][0], tail_ev_[1][1]})
+    if (e) cudaEventDestroy(e);
+  if (tail_stream_) cudaStreamDestroy(tail_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+void CudaLmStepper::sync_all() {
+  if (tail_stream_) PPX_CUDA_CHECK(cudaStreamSynchronize(tail_stream_));
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void CudaLmStepper::reset() {
+  sync_all();
   pos_.zero(stream_);
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaLmStepper::enqueue_step(cudaStream_t s) {
+void CudaLmStepper::enqueue_sample(const SampleIo& io, int stream_index, const float* logits, int n,
+                                   cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int K = c.n_q + 1, S = c.dep_q;
+  kern::SampleArgs a;
+  a.logits = logits;
+  a.logits_stride = n;
+  a.n = n;
+  a.temp = temp_.get() + (stream_index == 0 ? 0 : 1);
+  a.top_k = top_k_.get() + (stream_index == 0 ? 0 : 1);
+  a.seed = seed_.get();
+  a.counter = io.counter;
+  a.stream_id = stream_index;
+  a.force = io.req + K + stream_index;           // req_: tokens [K] | force [1 + S] | target [K] | use_ext
+  a.target = io.req + K + 1 + S + stream_index;
+  a.provided = io.provided + stream_index;
+  a.sampled = io.sampled + (stream_index - io.first_stream);
+  a.next = io.next;
+  kern::sample_tokens(a, 1, s);
+}
+
+void CudaLmStepper::enqueue_main(cudaStream_t s) {
   const LmConfig& c = lm_.config();
   const int D = c.dim, H = c.ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1, V = c.text_card;
   int32_t* tok = req_.get();
-  int32_t* force = tok + K;
-  int32_t* target = force + 1 + S;
-  int32_t* use_ext = target + K;
+  int32_t* use_ext = tok + K + 1 + S + K;
   PPX_CUDA_CHECK(cudaMemcpyAsync(req_.get(), h_req_.get(), req_.bytes(), cudaMemcpyHostToDevice, s));
   PPX_CUDA_CHECK(cudaMemcpyAsync(provided_.get(), h_prov_.get(), provided_.bytes(), cudaMemcpyHostToDevice, s));
   PPX_CUDA_CHECK(cudaMemcpyAsync(ext_.get(), h_ext_.get(), ext_.bytes(), cudaMemcpyHostToDevice, s));
@@ -499,28 +576,17 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
     a.y_stride = V;
     kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
   }
-  auto sample = [&](int stream_index, const float* logits, int n) {
-    kern::SampleArgs a;
-    a.logits = logits;
-    a.logits_stride = n;
-    a.n = n;
-    a.temp = temp_.get() + (stream_index == 0 ? 0 : 1);
-    a.top_k = top_k_.get() + (stream_index == 0 ? 0 : 1);
-    a.seed = seed_.get();
-    a.counter = counter_.get();
-    a.stream_id = stream_index;
-    a.force = force + stream_index;
-    a.target = target + stream_index;
-    a.provided = provided_.get() + stream_index;
-    a.sampled = sampled_.get() + stream_index;
-    a.next = next_.get();
-    kern::sample_tokens(a, 1, s);
-  };
-  sample(0, logits_.get(), V);
+  enqueue_sample(live_sample_io(), 0, logits_.get(), V, s);
+  PPX_CUDA_CHECK(cudaGetLastError());
+}
 
+void CudaLmStepper::enqueue_dep(cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int V = c.text_card;
+  const SampleIo sio = live_sample_io();
   const DepformerIo io = depformer_io();
-  if (dep_persistent_ && dep_steps_ > 0) enqueue_depformer_inputs(lm_, io, dep_steps_, s);
-  for (int st = 0; st < dep_steps_; ++st) {
+  if (dep_persistent_ && tail_begin_ > 0) enqueue_depformer_inputs(lm_, io, tail_begin_, s);
+  for (int st = 0; st < tail_begin_; ++st) {
     if (dep_persistent_) {
       kern::DepStepArgs a = depformer_step_args(lm_, io, st);
       a.kv_in_ring = dep_kv_in_ring_;
@@ -528,10 +594,38 @@ void CudaLmStepper::enqueue_step(cudaStream_t s) {
     } else {
       enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);
     }
-    sample(1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card);
+    enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
+  }
+  if (tail_stream_) {
+    // The tail's inputs, before the next frame's main graph overwrites them.
+    kern::CopySpans cp;
+    cp.add(x_.get(), tx_.get(), x_.bytes());
+    cp.add(req_.get(), treq_.get(), req_.bytes());
+    cp.add(provided_.get(), tprov_.get(), provided_.bytes());
+    cp.add(counter_.get(), tcounter_.get(), counter_.bytes());
+    cp.add(next_.get(), tnext_.get(), next_.bytes());
+    kern::copy_spans(cp, s);
   }
   kern::advance(pos_.get(), counter_.get(), slot_.get(), 1, s);
   PPX_CUDA_CHECK(cudaMemcpyAsync(h_out_.get(), sampled_.get(), sampled_.bytes(), cudaMemcpyDeviceToHost, s));
+  PPX_CUDA_CHECK(cudaGetLastError());
+}
+
+// Per-op kernels whatever the main path: the tail shares the GPU with other work, which a
+// persistent kernel (one block per multiprocessor) cannot.
+void CudaLmStepper::enqueue_tail(cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int V = c.text_card;
+  const SampleIo sio{treq_.get(), tprov_.get(), tcounter_.get(), tsampled_.get(), 1 + tail_begin_, tnext_.get()};
+  DepformerIo io = depformer_io();
+  io.x = tx_.get();
+  io.token = tnext_.get();
+  for (int st = tail_begin_; st < dep_steps_; ++st) {
+    enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);
+    enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
+  }
+  PPX_CUDA_CHECK(
+      cudaMemcpyAsync(h_tail_out_.get(), tsampled_.get(), tsampled_.bytes(), cudaMemcpyDeviceToHost, s));
   PPX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -545,10 +639,26 @@ void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* log
   h[2 * K + 1 + S] = req.embedding ? 1 : 0;
   for (int k = 0; k < K; ++k) h_prov_[k] = req.provided[k];
   if (req.embedding) std::memcpy(h_ext_.get(), req.embedding, c.dim * sizeof(float));
+  // The tail's results are needed when logits are asked for or a tail stream is not provided.
+  bool wait_tail = logits != nullptr;
+  for (int st = tail_begin_; st < dep_steps_; ++st) wait_tail = wait_tail || !req.provided[1 + st];
+
   PPX_CUDA_CHECK(cudaEventRecord(ev0_, stream_));
-  PPX_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+  PPX_CUDA_CHECK(cudaGraphLaunch(graph_main_, stream_));
+  if (tail_stream_) {
+    const int p = parity_, q = parity_ ^ 1;
+    // The depformer's buffers are shared with the previous frame's tail. (Waiting on an event
+    // never recorded is a no-op.)
+    PPX_CUDA_CHECK(cudaStreamWaitEvent(stream_, tail_ev_[q][1], 0));
+    PPX_CUDA_CHECK(cudaGraphLaunch(graph_dep_, stream_));
+    PPX_CUDA_CHECK(cudaEventRecord(dep_done_, stream_));
+    PPX_CUDA_CHECK(cudaStreamWaitEvent(tail_stream_, dep_done_, 0));
+    PPX_CUDA_CHECK(cudaEventRecord(tail_ev_[p][0], tail_stream_));
+    PPX_CUDA_CHECK(cudaGraphLaunch(graph_tail_, tail_stream_));
+    PPX_CUDA_CHECK(cudaEventRecord(tail_ev_[p][1], tail_stream_));
+  }
   PPX_CUDA_CHECK(cudaEventRecord(ev1_, stream_));
-  std::vector<float> host_logits;
+  if (tail_stream_ && wait_tail) PPX_CUDA_CHECK(cudaStreamWaitEvent(stream_, tail_ev_[parity_][1], 0));
   if (logits) {
     logits->text.resize(c.text_card);
     logits->audio.assign(static_cast<size_t>(S) * c.card, NAN);
@@ -560,9 +670,18 @@ void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* log
   }
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
+  if (tail_stream_) {
+    // The previous frame's tail finished before this frame's depformer started.
+    const int q = parity_ ^ 1;
+    if (tail_ran_[q]) PPX_CUDA_CHECK(cudaEventElapsedTime(&last_tail_ms_, tail_ev_[q][0], tail_ev_[q][1]));
+    tail_ran_[parity_] = true;
+    parity_ = q;
+  }
   out.text = h_out_[0];
   out.audio.assign(S, -1);
-  for (int st = 0; st < dep_steps_; ++st) out.audio[st] = h_out_[1 + st];
+  for (int st = 0; st < tail_begin_; ++st) out.audio[st] = h_out_[1 + st];
+  if (wait_tail)
+    for (int st = tail_begin_; st < dep_steps_; ++st) out.audio[st] = h_tail_out_[st - tail_begin_];
 }
 
 }  // namespace ppx::cuda

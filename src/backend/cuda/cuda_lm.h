@@ -9,6 +9,18 @@
 // The depformer steps run as per-op kernels (about 33 launches per step), or with
 // PPX_DEP_PERSISTENT=1 as one persistent cooperative kernel per step on sm_90+
 // (kernels/lm_depformer.cuh), an experiment that measured ~10% slower (docs/PERF.md, v0.4).
+//
+// Deferred depformer steps. Steps n_q/2 .. dep_q-1 predict the user's codebooks. In conversation
+// the user's tokens are always provided, so those steps cannot change any returned token; upstream
+// still computes them, and so do we, but off the critical path: the frame step is three graphs,
+//   main  = uploads, temporal transformer, text head and sampling   (stream A)
+//   dep   = depformer steps 0 .. n_q/2-1, their sampling, tokens out (stream A, after the
+//           previous frame's tail: they share the depformer's buffers)
+//   tail  = depformer steps n_q/2 .. dep_steps-1 (per-op kernels)     (stream B, after dep)
+// and run() returns once `dep` is done; the tail overlaps Mimi decode and the next frame. It reads
+// private copies of its inputs (x, request, counter, last token) taken at the end of `dep`, and its
+// sampling draws the same counter-based random numbers as a serial run. run() waits for the tail
+// when its results are needed: logits requested, or a tail stream not provided.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -108,19 +120,39 @@ struct SamplingParams {
 class CudaLmStepper : public LmStepper {
  public:
   // dep_steps < 0: all dep_q depformer steps (upstream). kPersistent throws where unsupported.
+  // defer_user_steps: run the user streams' depformer steps after run() returns (see above);
+  // PPX_DEP_DEFER=0 turns it off for every stepper.
   CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1,
-                DepformerPath path = DepformerPath::kAuto);
+                DepformerPath path = DepformerPath::kAuto, bool defer_user_steps = true);
   ~CudaLmStepper() override;
   const LmConfig& config() const override { return lm_.config(); }
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
-  // Device time of the last run (ms), measured with events around the graph launch.
+  double deferred_ms() const override { return last_tail_ms_; }
+  // Device time of the last run (ms) until its tokens were ready, measured with events.
   float last_step_ms() const { return last_ms_; }
   bool persistent_depformer() const { return dep_persistent_; }
+  // First deferred depformer step (== depformer steps run: none deferred).
+  int tail_begin() const { return tail_begin_; }
 
  private:
-  void enqueue_step(cudaStream_t s);  // the graph body
-  void capture_graph();
+  // Where a sampling kernel reads its request and writes its token (the live buffers, or the
+  // tail's private copies).
+  struct SampleIo {
+    const int32_t* req;  // req_ layout
+    const uint8_t* provided;
+    const uint64_t* counter;
+    int32_t* sampled;  // indexed by stream - first_stream
+    int first_stream;
+    int32_t* next;
+  };
+  SampleIo live_sample_io() { return {req_.get(), provided_.get(), counter_.get(), sampled_.get(), 0, next_.get()}; }
+  void enqueue_sample(const SampleIo& io, int stream_index, const float* logits, int n, cudaStream_t s);
+  void enqueue_main(cudaStream_t s);  // uploads, temporal transformer, text head and sampling
+  void enqueue_dep(cudaStream_t s);   // depformer steps [0, tail_begin_), tokens out
+  void enqueue_tail(cudaStream_t s);  // depformer steps [tail_begin_, dep_steps_)
+  void capture_graphs();
+  void sync_all();
   DepformerIo depformer_io() const;
   const CudaLm& lm_;
   SamplingParams sp_;
@@ -129,10 +161,15 @@ class CudaLmStepper : public LmStepper {
   bool dep_persistent_ = false;
   bool dep_kv_in_ring_ = true;  // PPX_DEP_KV=0: the persistent kernel reads keys/values from L2
   kern::DepPlan dep_plan_;
-  cudaStream_t stream_ = nullptr;
-  cudaGraphExec_t graph_ = nullptr;
-  cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
-  float last_ms_ = 0;
+  int tail_begin_ = 0;
+  cudaStream_t stream_ = nullptr, tail_stream_ = nullptr;
+  // graph_main_ holds the depformer too when nothing is deferred (graph_dep_ and graph_tail_ null).
+  cudaGraphExec_t graph_main_ = nullptr, graph_dep_ = nullptr, graph_tail_ = nullptr;
+  cudaEvent_t ev0_ = nullptr, ev1_ = nullptr, dep_done_ = nullptr;
+  cudaEvent_t tail_ev_[2][2] = {};  // [frame parity][start, end]
+  bool tail_ran_[2] = {false, false};
+  int parity_ = 0;
+  float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
@@ -143,11 +180,17 @@ class CudaLmStepper : public LmStepper {
   DeviceBuffer<float> temp_;
   DeviceBuffer<uint64_t> seed_, counter_;
   DeviceBuffer<unsigned> dep_barrier_;
+  // The tail's private inputs (copied at the end of `dep`) and outputs.
+  DeviceBuffer<__nv_bfloat16> tx_;
+  DeviceBuffer<int32_t> treq_, tnext_, tsampled_;
+  DeviceBuffer<uint8_t> tprov_;
+  DeviceBuffer<uint64_t> tcounter_;
   // Host staging (pinned), same layouts: request in, results out.
   PinnedBuffer<int32_t> h_req_;
   PinnedBuffer<uint8_t> h_prov_;
   PinnedBuffer<int32_t> h_out_;  // sampled [1 + S]
   PinnedBuffer<float> h_ext_;
+  PinnedBuffer<int32_t> h_tail_out_;  // the tail's sampled tokens
 };
 
 }  // namespace ppx::cuda
