@@ -2,17 +2,17 @@
 # A/B of environment switches on the GPU machine (after scripts/device_pack.sh): the CUDA LM tests
 # with each switch, then the stock frame bench with each. Usage: device_ab.sh "VAR=1" ["VAR2=1 VAR3=0" ...]
 # (an empty string is the default configuration). FRAMES (default 500) sets the bench length;
-# KERNELS=SECTION first runs personaplex-bench-kernels --only SECTION. Results and summary.txt in $OUT.
+# KERNELS=SECTION[,SECTION] first runs personaplex-bench-kernels --only SECTION for each. Results and summary.txt in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh
 frames=${FRAMES:-500}
 log() { echo "$@" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-if [ -n "${KERNELS:-}" ]; then
-  timeout 120 $B/personaplex-bench-kernels --only "$KERNELS" --out "$OUT/kernels_$KERNELS.json" > "$OUT/kernels_$KERNELS.log" 2>&1
-  log "kernels [$KERNELS] rc=$?"; cat "$OUT/kernels_$KERNELS.log" >> "$OUT/summary.txt"
-fi
+for k in ${KERNELS//,/ }; do
+  timeout 120 $B/personaplex-bench-kernels --only "$k" --out "$OUT/kernels_$k.json" > "$OUT/kernels_$k.log" 2>&1
+  log "kernels [$k] rc=$?"; cat "$OUT/kernels_$k.log" >> "$OUT/summary.txt"
+done
 for v in "$@"; do
   tag=${v:-default}; tag=${tag//=/_}; tag=${tag// /+}
   env $v timeout 300 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/tests_$tag.log" 2>&1

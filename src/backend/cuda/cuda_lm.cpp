@@ -322,6 +322,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   // The fused depformer attention measured slower than the separate kernel on an H200 (LM step
   // 12.1 vs 9.6 ms p50, bench/results/h200_2026-12-02_v3); it stays available for comparison.
   separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_FUSED") == nullptr;
+  rope_attention_ = !env_is("PPX_ATTN_UNFUSED", "1");
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
   // Depformer steps of user streams (s >= n_q / 2) are deferred to the tail unless PPX_DEP_DEFER=0.
@@ -366,6 +367,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   seed_.resize(1);
   counter_.resize(1);
   dep_barrier_.resize(1);
+  attn_count_.resize(c.num_heads);
   h_req_ = PinnedBuffer<int32_t>(req_.size());
   h_prov_ = PinnedBuffer<uint8_t>(K);
   h_out_ = PinnedBuffer<int32_t>(1 + S);
@@ -388,6 +390,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   seed_.upload(&sp.seed, 1, stream_);
   counter_.zero(stream_);
   dep_barrier_.zero(stream_);
+  attn_count_.zero(stream_);
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
@@ -557,8 +560,13 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
     ring.k = k_cache_.get() + l * layer_kv;
     ring.v = v_cache_.get() + l * layer_kv;
     gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
-    kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
-    kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
+    if (rope_attention_) {
+      kern::ring_attention_rope(qkv_.get(), ring, 1, static_cast<float>(c.max_period), work_.get(), attn_count_.get(),
+                                att_.get(), s);
+    } else {
+      kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
+      kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
+    }
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());

@@ -158,6 +158,7 @@ class CudaLmStepper : public LmStepper {
   SamplingParams sp_;
   int dep_steps_;
   bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
+  bool rope_attention_ = true;  // temporal RoPE + attention in one kernel; PPX_ATTN_UNFUSED=1: three
   bool dep_persistent_ = false;
   bool dep_kv_in_ring_ = true;  // PPX_DEP_KV=0: the persistent kernel reads keys/values from L2
   kern::DepPlan dep_plan_;
@@ -179,7 +180,7 @@ class CudaLmStepper : public LmStepper {
   DeviceBuffer<uint8_t> provided_;
   DeviceBuffer<float> temp_;
   DeviceBuffer<uint64_t> seed_, counter_;
-  DeviceBuffer<unsigned> dep_barrier_;
+  DeviceBuffer<unsigned> dep_barrier_, attn_count_;
   // The tail's private inputs (copied at the end of `dep`) and outputs.
   DeviceBuffer<__nv_bfloat16> tx_;
   DeviceBuffer<int32_t> treq_, tnext_, tsampled_;
