@@ -147,7 +147,7 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   // (time_graph_ms divides by the 16 launches, so the projections count 1/16 per step).
   auto persistent = [&](const kern::DepPlan& plan, int st, bool with_sample, bool evict_first = true,
                         bool kv_in_ring = true) {
-    if (st == 0) cuda::enqueue_depformer_inputs(lm, io, S, s);
+    if (st == 0) cuda::enqueue_depformer_inputs(lm, io, 0, S, s);
     kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
     a.evict_first = evict_first;
     a.kv_in_ring = kv_in_ring;
@@ -187,7 +187,7 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   {
     const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0));
     DeviceBuffer<long long> trace(static_cast<size_t>(10) * P);
-    cuda::enqueue_depformer_inputs(lm, io, S, s);
+    cuda::enqueue_depformer_inputs(lm, io, 0, S, s);
     for (int st = 0; st <= 5; ++st) {
       kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
       if (st == 5) a.trace = trace.get();
@@ -228,11 +228,8 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
 nlohmann::ordered_json attention_bench(cudaStream_t s) {
   using namespace ppx;
   const int H = 32, hd = 128, C = 3000, D = H * hd;
-  DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(C) * D), v(k.size()), q(D), out(D), qkv(3 * D);
+  DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(C) * D), v(k.size()), q(D), out(D);
   DeviceBuffer<float> work(kern::attention_work_floats(1, H, hd, C));
-  DeviceBuffer<unsigned> count(H);
-  count.zero(s);
-  kern::fill_random_bf16(qkv.get(), 3 * D, 10, 1.f, 0.f, s);
   DeviceBuffer<int32_t> pos(1), slot(1);
   kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 7, 1.f, 0.f, s);
   kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 8, 1.f, 0.f, s);
@@ -246,19 +243,9 @@ nlohmann::ordered_json attention_bench(cudaStream_t s) {
     pos.upload(&p, 1, s);
     PPX_CUDA_CHECK(cudaStreamSynchronize(s));
     const double ms = time_graph_ms(s, 32, 9, [&](int) { kern::ring_attention(q.get(), r, 1, work.get(), out.get(), s); });
-    // What the engine runs per layer: RoPE + append, then the attention; three kernels or one.
-    const double ms3 = time_graph_ms(s, 32, 9, [&](int) {
-      kern::rope_append(qkv.get(), q.get(), r, 1, 10000.f, s);
-      kern::ring_attention(q.get(), r, 1, work.get(), out.get(), s);
-    });
-    const double ms1 = time_graph_ms(s, 32, 9, [&](int) {
-      kern::ring_attention_rope(qkv.get(), r, 1, 10000.f, work.get(), count.get(), out.get(), s);
-    });
-    rows.push_back({{"keys", n}, {"layer_us", ms * 1e3}, {"frame_ms_32_layers", ms * 32},
-                    {"rope_and_attention_3_kernels_us", ms3 * 1e3}, {"rope_and_attention_1_kernel_us", ms1 * 1e3}});
-    std::printf("temporal attention, %4d keys: %7.2f us per layer, %.2f ms per frame (32 layers); with RoPE + append: "
-                "3 kernels %7.2f us, 1 kernel %7.2f us\n",
-                n, ms * 1e3, ms * 32, ms3 * 1e3, ms1 * 1e3);
+    rows.push_back({{"keys", n}, {"layer_us", ms * 1e3}, {"frame_ms_32_layers", ms * 32}});
+    std::printf("temporal attention, %4d keys: %7.2f us per layer, %.2f ms per frame (32 layers)\n", n, ms * 1e3,
+                ms * 32);
   }
   return rows;
 }

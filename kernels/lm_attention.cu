@@ -10,16 +10,6 @@ namespace {
 constexpr int kSplit = 64;  // ring slots per block in the split-K attention (16 per warp)
 constexpr int kAttnWarps = 4;
 
-// RoPE of element e of a [H * hd] row (interleaved pairs (2i, 2i + 1), i = (e % hd) / 2) at
-// position pos, in fp32 without contraction, so that every kernel rotates identically.
-__device__ __forceinline__ float rope_elem(const __nv_bfloat16* row, int e, int hd, int pos, float c) {
-  const int i = (e % hd) >> 1;
-  const float theta = static_cast<float>(pos) * expf(static_cast<float>(i) * c);
-  const float cs = cosf(theta), sn = sinf(theta);
-  const float x0 = __bfloat162float(row[e & ~1]), x1 = __bfloat162float(row[e | 1]);
-  return (e & 1) ? __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs)) : __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-}
-
 // One thread per rotation pair of q and of k, plus a copy of v.
 __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, RingArgs r, float c,
                                    int pairs_per_row) {
@@ -31,11 +21,19 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
   const int64_t base = (static_cast<int64_t>(r.slot[b]) * r.C + pos % r.C) * D;
   const __nv_bfloat16* row = qkv + static_cast<int64_t>(b) * 3 * D;
   for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs_per_row; p += gridDim.x * blockDim.x) {
-    for (int e = 2 * p; e < 2 * p + 2; ++e) {  // element index inside [H * hd]
-      q_out[static_cast<int64_t>(b) * D + e] = __float2bfloat16(rope_elem(row, e, r.hd, pos, c));
-      r.k[base + e] = __float2bfloat16(rope_elem(row + D, e, r.hd, pos, c));
-      r.v[base + e] = row[2 * D + e];
-    }
+    const int i = p % (r.hd / 2);  // frequency index inside the head
+    const float omega = expf(static_cast<float>(i) * c);
+    const float theta = static_cast<float>(pos) * omega;
+    const float cs = cosf(theta), sn = sinf(theta);
+    const int e = 2 * p;  // element index inside [H * hd]
+    const float q0 = __bfloat162float(row[e]), q1 = __bfloat162float(row[e + 1]);
+    const float k0 = __bfloat162float(row[D + e]), k1 = __bfloat162float(row[D + e + 1]);
+    q_out[static_cast<int64_t>(b) * D + e] = __float2bfloat16(q0 * cs - q1 * sn);
+    q_out[static_cast<int64_t>(b) * D + e + 1] = __float2bfloat16(q0 * sn + q1 * cs);
+    r.k[base + e] = __float2bfloat16(k0 * cs - k1 * sn);
+    r.k[base + e + 1] = __float2bfloat16(k0 * sn + k1 * cs);
+    r.v[base + e] = row[2 * D + e];
+    r.v[base + e + 1] = row[2 * D + e + 1];
   }
 }
 
@@ -165,125 +163,32 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
   for (int j = 0; j < DPL; ++j) wp[2 + lane * DPL + j] = out[j];
 }
 
-// Merges the splits of one (batch row, head): wp = its `splits` partials (m, l, acc[hd]), read
-// through L2 (another block may have written them in this launch). Any block size; `wt` holds
-// `splits` floats of shared memory. The weights exp(m_s - M) are computed once per split (in
-// parallel), so the loads of the partial sums do not wait on one another.
-__device__ __forceinline__ void combine_splits(const float* wp, int hd, int splits, float* wt, float* red,
-                                               __nv_bfloat16* out) {
-  const int row = 2 + hd;
-  float mx = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, __ldcg(wp + s * row));
-  const float M = block_max(mx, red);
-  float ls = 0.f;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const float m = __ldcg(wp + s * row);
-    const float f = m == -INFINITY ? 0.f : expf(m - M);
-    wt[s] = f;
-    ls += f * __ldcg(wp + s * row + 1);
-  }
-  const float L = block_sum(ls, red);  // its barriers also publish wt
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) acc = fmaf(wt[s], __ldcg(wp + s * row + 2 + d), acc);
-    out[d] = __float2bfloat16(L > 0.f ? acc / L : 0.f);
-  }
-}
-
-// grid (H, B), kAttnWarps warps, `splits` floats of dynamic shared memory: merges the splits.
+// grid (H, B), hd threads, `splits` floats of dynamic shared memory: merges the splits. The
+// weights exp(m_s - M) are computed once per split (in parallel), so the loads of the partial sums
+// do not wait on one another.
 __global__ void attention_combine_kernel(const float* work, int H, int hd, int splits, __nv_bfloat16* out) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ float wt[];
   __shared__ float red[32];
-  const int h = blockIdx.x, b = blockIdx.y;
-  combine_splits(work + (static_cast<int64_t>(b) * H + h) * splits * (2 + hd), hd, splits, wt, red,
-                 out + (static_cast<int64_t>(b) * H + h) * hd);
-}
-
-// The temporal layer's whole attention in one launch: grid (H, splits, B), kAttnWarps warps,
-// `splits` floats of dynamic shared memory. Every block rotates its head's q (as rope_append);
-// the block whose split holds this position's ring slot also rotates k and appends k and v there
-// before reading; each block writes its split's partial (as attention_split_kernel), and the last
-// block of a head to finish (count[b * H + h], reset by it) merges the splits (as the combine
-// kernel). Same arithmetic as rope_append + ring_attention, so the outputs are identical.
-template <int DPL>
-__global__ void attention_rope_kernel(const __nv_bfloat16* qkv, RingArgs r, float c, int splits, float* work,
-                                      unsigned* count, __nv_bfloat16* out) {
-  pdl_trigger();
-  pdl_wait();
-  extern __shared__ float wt[];
-  __shared__ float red[32];
-  __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][32 * DPL];
-  __shared__ bool last;
-  const int h = blockIdx.x, sp = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int D = r.H * r.hd;
-  const int slot = r.slot[b];
-  const int qpos = r.pos[slot], E = qpos + 1;
-  const __nv_bfloat16* row = qkv + static_cast<int64_t>(b) * 3 * D;
-  const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd;
-  if ((qpos % r.C) / kSplit == sp) {  // uniform over the block
-    const int64_t at = cache0 + static_cast<int64_t>(qpos % r.C) * D;
-    for (int d = threadIdx.x; d < r.hd; d += blockDim.x) {
-      const int e = h * r.hd + d;
-      r.k[at + d] = __float2bfloat16(rope_elem(row + D, e, r.hd, qpos, c));
-      r.v[at + d] = row[2 * D + e];
-    }
-    __syncthreads();
+  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const int row = 2 + hd;
+  const float* wp = work + (static_cast<int64_t>(b) * H + h) * splits * row;
+  float mx = -INFINITY;
+  for (int s = d; s < splits; s += blockDim.x) mx = fmaxf(mx, wp[s * row]);
+  const float M = block_max(mx, red);
+  float ls = 0.f;
+  for (int s = d; s < splits; s += blockDim.x) {
+    const float m = wp[s * row];
+    const float f = m == -INFINITY ? 0.f : expf(m - M);
+    wt[s] = f;
+    ls += f * wp[s * row + 1];
   }
-  const float scale = rsqrtf(static_cast<float>(r.hd));
-  float qf[DPL], acc[DPL];
-#pragma unroll
-  for (int j = 0; j < DPL; ++j) {
-    qf[j] = __bfloat162float(__float2bfloat16(rope_elem(row, h * r.hd + lane * DPL + j, r.hd, qpos, c)));
-    acc[j] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
-  constexpr int kPerWarp = kSplit / kAttnWarps;
-  const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
-  attend<DPL>(qf, r.k + cache0 + lane * DPL, r.v + cache0 + lane * DPL, D, k0, k1, scale,
-              [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); }, m, l, acc);
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
-  }
-#pragma unroll
-  for (int j = 0; j < DPL; ++j) sacc[warp][lane * DPL + j] = acc[j];
-  __syncthreads();
-  float* wp0 = work + (static_cast<int64_t>(b) * r.H + h) * splits * (2 + r.hd);
-  if (warp == 0) {
-    float M = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
-    float L = 0.f, o[DPL];
-#pragma unroll
-    for (int j = 0; j < DPL; ++j) o[j] = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) {
-      const float f = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
-      L += sl[w] * f;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) o[j] += sacc[w][lane * DPL + j] * f;
-    }
-    float* wp = wp0 + sp * (2 + r.hd);
-    if (lane == 0) {
-      wp[0] = M;
-      wp[1] = L;
-    }
-#pragma unroll
-    for (int j = 0; j < DPL; ++j) wp[2 + lane * DPL + j] = o[j];
-    __threadfence();  // the partial is visible device-wide before this split is counted
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* cnt = count + static_cast<int64_t>(b) * r.H + h;
-    last = atomicAdd(cnt, 1u) == static_cast<unsigned>(splits - 1);
-    if (last) *cnt = 0;  // every split has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  combine_splits(wp0, r.hd, splits, wt, red, out + (static_cast<int64_t>(b) * r.H + h) * r.hd);
+  const float L = block_sum(ls, red);  // its barriers also publish wt
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) acc = fmaf(wt[s], wp[s * row + 2 + d], acc);
+  out[(static_cast<int64_t>(b) * H + h) * hd + d] = __float2bfloat16(L > 0.f ? acc / L : 0.f);
 }
 
 // grid (H, B), one warp: append this step's k, v, then attend over steps 0..step.
@@ -342,17 +247,6 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
   pdl_launch(rope_append_kernel, grid, dim3(threads), 0, s, qkv, q_out, r, c, pairs);
 }
 
-void ring_attention_rope(const __nv_bfloat16* qkv, const RingArgs& r, int B, float max_period, float* work,
-                         unsigned* count, __nv_bfloat16* out, cudaStream_t s) {
-  if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
-  const float c = static_cast<float>(-std::log(static_cast<double>(max_period)) * 2.0 / static_cast<double>(r.hd));
-  const int splits = (r.C + kSplit - 1) / kSplit;
-  by_dpl<Dpl>(r.hd, [&](auto dpl) {
-    pdl_launch(attention_rope_kernel<decltype(dpl)::value>, dim3(r.H, splits, B), dim3(kAttnWarps * 32),
-               splits * sizeof(float), s, qkv, r, c, splits, work, count, out);
-  });
-}
-
 size_t attention_work_floats(int B, int H, int hd, int C) {
   const int splits = (C + kSplit - 1) / kSplit;
   return static_cast<size_t>(B) * H * splits * (2 + hd);
@@ -366,7 +260,7 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
     pdl_launch(attention_split_kernel<decltype(dpl)::value>, dim3(r.H, splits, B), dim3(kAttnWarps * 32), 0, s, q,
                r, splits, work);
   });
-  pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(kAttnWarps * 32), splits * sizeof(float), s,
+  pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), splits * sizeof(float), s,
              static_cast<const float*>(work), r.H, r.hd, splits, out);
 }
 

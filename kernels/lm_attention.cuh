@@ -32,12 +32,6 @@ size_t attention_work_floats(int B, int H, int hd, int C);
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s);
 
-// rope_append + ring_attention in one launch (identical outputs; the q rotation is not stored):
-// the last split block of each head merges the splits. `count` is B * H unsigned, zero before the
-// first launch; each launch leaves it zero.
-void ring_attention_rope(const __nv_bfloat16* qkv, const RingArgs& r, int B, float max_period, float* work,
-                         unsigned* count, __nv_bfloat16* out, cudaStream_t s);
-
 // Depformer step `step` (no RoPE; the ring is per frame with capacity C = dep_q and no context
 // limit): appends k, v of qkv [B, 3*H*hd] at slot `step` and attends over steps 0..step.
 // `r.pos` is unused.

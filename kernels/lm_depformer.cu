@@ -172,24 +172,21 @@ __device__ __forceinline__ unsigned kv_bytes(const DepStepArgs& a, int p) {
   return 2u * a.B * a.step * a.DD * 2u;
 }
 
-// The weight ring of one block. Warp 0 issues: its lanes run the same placement (so `issued` and
-// `tail` agree in every lane), lane 0 publishes each phase's offset and expected bytes, then the
-// lanes share the bulk copies (one per padded row). Phases are issued and consumed in order, each
-// placed contiguously (wrapping to offset 0 when the end has no room), at most kSlots ahead.
+// The weight ring of one block. Only thread 0 issues; phases are issued and consumed in order,
+// each placed contiguously (wrapping to offset 0 when the end has no room), at most kSlots ahead.
 struct WeightRing {
   unsigned char* buf;
   unsigned cap;
   uint64_t* bar;    // [kSlots]
   unsigned* off;    // [kMaxPhases] shared: where phase p's slice starts
   unsigned* bytes;  // [kMaxPhases] shared: its size
-  int issued = 0;   // warp 0 only
+  int issued = 0;   // thread 0 only
   unsigned tail = 0;
 
-  // All of warp 0, after every phase before `next` has been consumed by the whole block (the
+  // Thread 0, after every phase before `next` has been consumed by the whole block (the
   // __syncthreads after the reads orders them before the bulk writes into the same bytes).
   __device__ __forceinline__ void issue(const DepStepArgs& a, int next, int P) {
     const uint64_t pol = l2_evict_first();
-    const int lane = threadIdx.x & 31;
     while (issued < P && issued < next + kSlots) {
       const PhaseWeights pw = phase_weights(a, issued);
       const unsigned wsz = rows_bytes(pw), kvsz = kv_bytes(a, issued), sz = wsz + kvsz;
@@ -210,22 +207,19 @@ struct WeightRing {
         }
         tail = o + sz;
       }
+      off[issued] = o;
+      bytes[issued] = sz;
       uint64_t* mb = bar + issued % kSlots;
-      if (lane == 0) {
-        off[issued] = o;
-        bytes[issued] = sz;
-        // The transaction count is the bytes copied (the rows without their padding).
-        mbar_arrive_tx(mb, wsz / ring_row_bytes(pw.K) * static_cast<unsigned>(pw.K) * 2u + kvsz);
-      }
-      __syncwarp();  // off/bytes visible to the lanes; the expected bytes set before any copy
+      // The transaction count is the bytes copied (the rows without their padding).
+      mbar_arrive_tx(mb, wsz / ring_row_bytes(pw.K) * static_cast<unsigned>(pw.K) * 2u + kvsz);
       if (kvsz > 0) {  // ring entries [0, step) of each batch row's slot are contiguous
         const int layer = issued / 4;
         const unsigned n = static_cast<unsigned>(a.step) * a.DD * 2u;
-        for (int i = lane; i < 2 * a.B; i += 32) {
-          const int b = i >> 1;
+        for (int b = 0; b < a.B; ++b) {
           const int64_t src = layer * a.ring_layer_stride + static_cast<int64_t>(a.slot[b]) * a.ring * a.DD;
-          unsigned char* dst = buf + o + wsz + b * n + (i & 1) * a.B * n;
-          bulk_copy(dst, ((i & 1) ? a.v_ring : a.k_ring) + src, n, mb, false, pol);
+          unsigned char* dst = buf + o + wsz + b * n;
+          bulk_copy(dst, a.k_ring + src, n, mb, false, pol);
+          bulk_copy(dst + a.B * n, a.v_ring + src, n, mb, false, pol);
         }
       }
       if (wsz > 0) {  // one bulk copy per row (rows are contiguous in global memory, padded here)
@@ -234,7 +228,7 @@ struct WeightRing {
         for (int q = 0; q < (pw.pairs ? 2 : 1); ++q) {
           const bf16* src = pw.w + (static_cast<int64_t>(r.r0) + q * pw.rows) * pw.K;
           unsigned char* dst = buf + o + static_cast<unsigned>(q * r.nr) * rb;
-          for (int i = lane; i < r.nr; i += 32)
+          for (int i = 0; i < r.nr; ++i)
             bulk_copy(dst + i * rb, src + static_cast<int64_t>(i) * pw.K, n, mb, a.evict_first, pol);
         }
       }
@@ -574,12 +568,9 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
   const int P = dep_phase_count(a.layers);
   if (threadIdx.x < B) slot[threadIdx.x] = a.slot[threadIdx.x];
   WeightRing ring{smem + lay.wbuf, a.wcap, mbar, ring_off, ring_bytes};
-  if (threadIdx.x < 32) {
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < kSlots; ++i) mbar_init(&mbar[i]);
-      mbar_init_fence();
-    }
-    __syncwarp();
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kSlots; ++i) mbar_init(&mbar[i]);
+    mbar_init_fence();
     ring.issue(a, 0, P);
   }
   // The z rows of this block: those of every DD-row GEMV (output and down projections).
@@ -621,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1) depformer_kernel(const __grid_con
     gemv_partials<B>(ws, (pw.pairs ? 2 : 1) * r.nr, pw.K, xs, part);
     __syncthreads();  // partial sums written, the ring slice consumed
     if (trace && threadIdx.x == 0) trace[5 * p + 3] = clock64();
-    if (threadIdx.x < 32) ring.issue(a, p + 1, P);
+    if (threadIdx.x == 0) ring.issue(a, p + 1, P);
     const Epi e = kind == 0 ? Epi::kQkv : kind == 2 ? Epi::kGateUp : kind == 4 ? Epi::kLogits : Epi::kResidual;
     epilogue<B>(a, e, r, part, zown);
   }

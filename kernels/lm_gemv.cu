@@ -41,6 +41,29 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
         const float al = __bfloat162float(a.alpha[k]) * r;
         dst[k] = __float2bfloat16(__bfloat162float(x[k]) * al);
       }
+    } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
+      int tok = a.token[b];
+      const __nv_bfloat16* e = nullptr;
+      if (tok != -1) {
+        tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
+        e = a.table + static_cast<int64_t>(tok) * K;
+      }
+      float ss = 0.f;
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const __nv_bfloat16 z = __float2bfloat16(__bfloat162float(x[k]) + (e ? __bfloat162float(e[k]) : 0.f));
+        dst[k] = z;
+        const float v = __bfloat162float(z);
+        ss += v * v;
+      }
+      ss = block_sum(ss, red);
+      const float var = ss / static_cast<float>(K) + a.eps;
+      const float r = rsqrtf(var);
+      for (int k = threadIdx.x; k < K; k += kThreads) {  // each thread rewrites only its own entries
+        const __nv_bfloat16 z = dst[k];
+        if (blockIdx.x == 0) a.x_out[static_cast<int64_t>(b) * K + k] = z;
+        const float al = __bfloat162float(a.alpha[k]) * r;
+        dst[k] = __float2bfloat16(__bfloat162float(z) * al);
+      }
     } else if constexpr (IN == GemvIn::kSiluGate) {
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const float g = __bfloat162float(x[k]);
@@ -230,6 +253,9 @@ void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if constexpr (IN == GemvIn::kDepAttn) {
     if (out != GemvOut::kResidual || a.B != 1) throw std::runtime_error("gemv: kDepAttn needs kResidual, B = 1");
     launch<IN, GemvOut::kResidual, 1, 1>(a, s);
+  } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
+    if (out != GemvOut::kStore) throw std::runtime_error("gemv: kEmbRmsNorm needs kStore");
+    by_batch<IN, GemvOut::kStore>(a, s);
   } else {
     switch (out) {
       case GemvOut::kStore: by_batch<IN, GemvOut::kStore>(a, s); break;
@@ -270,6 +296,7 @@ void gemv_init() {
   set_attrs_i<GemvIn::kPlain>();
   set_attrs_i<GemvIn::kRmsNorm>();
   set_attrs_i<GemvIn::kSiluGate>();
+  set_attrs_o<GemvIn::kEmbRmsNorm, GemvOut::kStore>();
   cudaFuncSetAttribute(gemv_kernel<GemvIn::kDepAttn, GemvOut::kResidual, 1, 1>,
                        cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
 }
@@ -283,6 +310,7 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     case GemvIn::kRmsNorm: by_out<GemvIn::kRmsNorm>(out, a, s); break;
     case GemvIn::kSiluGate: by_out<GemvIn::kSiluGate>(out, a, s); break;
     case GemvIn::kDepAttn: by_out<GemvIn::kDepAttn>(out, a, s); break;
+    case GemvIn::kEmbRmsNorm: by_out<GemvIn::kEmbRmsNorm>(out, a, s); break;
   }
 }
 

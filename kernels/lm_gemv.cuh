@@ -8,6 +8,9 @@
 //                ([3K]), earlier steps' keys and values from the per-frame ring (kc, vc); softmax
 //                in fp32 with upstream's visibility rule; block 0 also appends k, v at slot
 //                `step`. Only with kResidual (the attention output projection).
+//     kEmbRmsNorm  the depformer's first RMSNorm on z = bf16(x + table[tok]) (x: the hoisted input
+//                projection of the step, tok -1 adds nothing), block 0 also stores z to x_out
+//                (the residual stream); bitwise what kAddEmb followed by kRmsNorm give. kStore only.
 //   epilogue on acc = sum_k W[n, k] * x[k] (fp32), rounded to bf16 first as a bf16 GEMM is:
 //     kStore     y[n] = bf16(acc)
 //     kResidual  y[n] = bf16(y[n] + bf16(acc))            (the residual add of the stream)
@@ -25,7 +28,7 @@
 
 namespace ppx::kern {
 
-enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kDepAttn };
+enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kDepAttn, kEmbRmsNorm };
 enum class GemvOut { kStore, kResidual, kLogits, kAddEmb, kGateUp };
 
 struct GemvArgs {
@@ -38,8 +41,9 @@ struct GemvArgs {
   __nv_bfloat16* y = nullptr;        // kStore / kResidual / kAddEmb / kGateUp: [B, y_stride]
   float* yf = nullptr;               // kLogits: [B, y_stride]
   int64_t y_stride = 0;
-  const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]
-  const int32_t* token = nullptr;        // kAddEmb: [B] device token ids
+  const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]; kEmbRmsNorm: [rows, K]
+  const int32_t* token = nullptr;        // kAddEmb, kEmbRmsNorm: [B] device token ids
+  __nv_bfloat16* x_out = nullptr;        // kEmbRmsNorm: [B, K] z before the norm
   int table_rows = 0;
   __nv_bfloat16* kc = nullptr;  // kDepAttn: key ring [ring, K] of batch row 0 (B == 1)
   __nv_bfloat16* vc = nullptr;  // kDepAttn: value ring [ring, K]

@@ -36,3 +36,5 @@ if d: line += ' | deferred depformer (device) p50 %.2f p99 %.2f' % (d['p50'], d[
 print(line)
 PY
 done
+# The tool returns at most 8 files: keep the summary and one archive of everything.
+(cd "$OUT" && tar -czf /tmp/results.tar.gz --exclude=summary.txt . && find . -type f ! -name summary.txt -delete && mv /tmp/results.tar.gz .)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -226,7 +227,7 @@ void compare_batch(const cuda::CudaLm& lm, int B, bool kv_in_ring) {
   const cuda::DepformerIo io_old = make(so), io_new = make(sn);
   const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io_new, 0));
   ASSERT_GT(plan.blocks, 0) << plan.why;
-  cuda::enqueue_depformer_inputs(lm, io_new, S, nullptr);
+  cuda::enqueue_depformer_inputs(lm, io_new, 0, S, nullptr);
   for (int st = 0; st < S; ++st) {
     cuda::enqueue_depformer_kernels(lm, io_old, st, false, nullptr);
     kern::DepStepArgs a = cuda::depformer_step_args(lm, io_new, st);
@@ -413,51 +414,40 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
   }
 }
 
-// The one-launch temporal attention (RoPE, append, splits, merge by the last block) against
-// rope_append + ring_attention: the same arithmetic, so outputs and ring contents are identical,
-// over wrapped rings, a context limit, two batch rows on other slots and repeated launches (the
-// split counters must be left at zero).
-TEST(CudaLmAttention, RopeFusedEqualsSeparateKernels) {
+
+// The per-op depformer with its input projections hoisted into one GEMV (the token embedding added
+// while the first QKV projection stages its RMSNorm) against one input GEMV per step: a row's sum
+// is accumulated in the same order either way, so logits and tokens are identical.
+TEST(CudaLmDepformer, HoistedInputsEqualPerStepInputs) {
   SKIP_WITHOUT_GPU();
-  for (int hd : {32, 64, 128}) {
-    const int H = 4, C = 700, D = H * hd, B = 2;
-    const size_t ring = static_cast<size_t>(B) * C * D;
-    cuda::DeviceBuffer<__nv_bfloat16> k1(ring), v1(ring), k2(ring), v2(ring), qkv(B * 3 * D), q(B * D), o1(B * D),
-        o2(B * D);
-    cuda::DeviceBuffer<float> work(kern::attention_work_floats(B, H, hd, C));
-    cuda::DeviceBuffer<unsigned> count(B * H);
-    count.zero();
-    kern::fill_random_bf16(k1.get(), static_cast<int64_t>(ring), 1, 1.f, 0.f, nullptr);
-    kern::fill_random_bf16(v1.get(), static_cast<int64_t>(ring), 2, 1.f, 0.f, nullptr);
-    PPX_CUDA_CHECK(cudaMemcpy(k2.get(), k1.get(), k1.bytes(), cudaMemcpyDeviceToDevice));
-    PPX_CUDA_CHECK(cudaMemcpy(v2.get(), v1.get(), v1.bytes(), cudaMemcpyDeviceToDevice));
-    cuda::DeviceBuffer<int32_t> pos(B), slot(B);
-    const int32_t slots[2] = {1, 0};
-    slot.upload(slots, B);
-    auto bits = [](const cuda::DeviceBuffer<__nv_bfloat16>& d) {
-      std::vector<uint16_t> h(d.size());
-      PPX_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-      return h;
-    };
-    int seed = 10;
-    for (int context : {0, 250}) {
-      for (int p : {0, 5, 63, 64, 699, 700, 1500}) {
-        kern::fill_random_bf16(qkv.get(), static_cast<int64_t>(qkv.size()), seed++, 2.f, 0.f, nullptr);
-        const int32_t positions[2] = {p / 2, p};  // slot 0 at p / 2, slot 1 at p (batch row 0)
-        pos.upload(positions, B);
-        const kern::RingArgs r1{k1.get(), v1.get(), pos.get(), slot.get(), C, H, hd, context};
-        const kern::RingArgs r2{k2.get(), v2.get(), pos.get(), slot.get(), C, H, hd, context};
-        kern::rope_append(qkv.get(), q.get(), r1, B, 10000.f, nullptr);
-        kern::ring_attention(q.get(), r1, B, work.get(), o1.get(), nullptr);
-        kern::ring_attention_rope(qkv.get(), r2, B, 10000.f, work.get(), count.get(), o2.get(), nullptr);
-        PPX_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_EQ(bits(o1), bits(o2)) << "hd " << hd << " context " << context << " position " << p;
-        EXPECT_EQ(bits(k1), bits(k2)) << "hd " << hd << " position " << p;
-        EXPECT_EQ(bits(v1), bits(v2)) << "hd " << hd << " position " << p;
-      }
+  TinyCuda t;
+  const LmConfig& c = *t.cfg.lm;
+  cuda::SamplingParams sp;
+  sp.seed = 9;
+  setenv("PPX_DEP_HOIST", "0", 1);
+  cuda::CudaLmStepper per_step(t.lm, sp, -1, cuda::DepformerPath::kKernels);
+  unsetenv("PPX_DEP_HOIST");
+  cuda::CudaLmStepper hoisted(t.lm, sp, -1, cuda::DepformerPath::kKernels);
+  const int K = c.n_q + 1;
+  std::mt19937 rng(21);
+  std::vector<int64_t> input(K), target(K);
+  std::vector<uint8_t> provided(K);
+  for (int step = 0; step < 10; ++step) {
+    for (int k = 0; k < K; ++k) {
+      input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      provided[k] = k > c.n_q / 2 ? 1 : 0;
     }
-    std::vector<unsigned> left(B * H);
-    PPX_CUDA_CHECK(cudaMemcpy(left.data(), count.get(), count.bytes(), cudaMemcpyDeviceToHost));
-    EXPECT_EQ(left, std::vector<unsigned>(B * H, 0u));
+    StepRequest req;
+    req.input = input.data();
+    req.target = target.data();
+    req.provided = provided.data();
+    StepResult ra, rb;
+    StepLogits la, lb;
+    per_step.run(req, ra, &la);
+    hoisted.run(req, rb, &lb);
+    EXPECT_EQ(ra.text, rb.text) << "step " << step;
+    EXPECT_EQ(ra.audio, rb.audio) << "step " << step;
+    EXPECT_EQ(rel_l2(lb.audio, la.audio), 0.0) << "step " << step;
   }
 }

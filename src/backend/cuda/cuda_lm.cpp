@@ -104,30 +104,31 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   return a;
 }
 
-void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int steps, cudaStream_t s) {
+void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s) {
   const LmConfig& c = lm.config();
+  const int64_t DD = c.depformer_dim;
   kern::GemvArgs a;
-  a.w = lm.depformer_in_all;
+  a.w = lm.depformer_in_all + first * DD * c.dim;
   a.x = io.x;
   a.x_stride = c.dim;
-  a.N = steps * c.depformer_dim;
+  a.N = static_cast<int>(steps * DD);
   a.K = c.dim;
   a.B = io.B;
   a.alpha = lm.out_norm;
-  a.y = io.pre;
+  a.y = io.pre + first * DD;
   a.y_stride = io.pre_stride;
   kern::gemv(kern::GemvIn::kRmsNorm, kern::GemvOut::kStore, a, s);
 }
 
 void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, bool fused_attention,
-                               cudaStream_t s) {
+                               cudaStream_t s, bool inputs_hoisted) {
   const LmConfig& c = lm.config();
   const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
                   const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
-  {
+  if (!inputs_hoisted) {
     kern::GemvArgs a;
     a.w = lm.depformer_in[st];
     a.x = io.x;
@@ -152,8 +153,27 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     const CudaLm::Depformer& L = lm.dep_layers[l];
     dring.k = io.k_ring + l * io.ring_layer_stride;
     dring.v = io.v_ring + l * io.ring_layer_stride;
-    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, io.z, 3 * DD, DD,
-         io.qkv, L.norm1);
+    if (l == 0 && inputs_hoisted) {
+      // z = the hoisted input projection + the token embedding, stored while normed for the QKV.
+      kern::GemvArgs a;
+      a.w = L.in_proj + static_cast<size_t>(st) * 3 * DD * DD;
+      a.x = io.pre + static_cast<int64_t>(st) * DD;
+      a.x_stride = io.pre_stride;
+      a.N = 3 * DD;
+      a.K = DD;
+      a.B = B;
+      a.alpha = L.norm1;
+      a.y = io.qkv;
+      a.y_stride = 3 * DD;
+      a.table = st == 0 ? lm.depformer_text_emb : lm.depformer_emb[st - 1];
+      a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
+      a.token = io.token;
+      a.x_out = io.z;
+      kern::gemv(GemvIn::kEmbRmsNorm, GemvOut::kStore, a, s);
+    } else {
+      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, io.z, 3 * DD, DD,
+           io.qkv, L.norm1);
+    }
     if (!fused_attention) {
       kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
       gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, io.att, DD, DD, io.z);
@@ -322,7 +342,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   // The fused depformer attention measured slower than the separate kernel on an H200 (LM step
   // 12.1 vs 9.6 ms p50, bench/results/h200_2026-12-02_v3); it stays available for comparison.
   separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_FUSED") == nullptr;
-  rope_attention_ = !env_is("PPX_ATTN_UNFUSED", "1");
+  hoist_inputs_ = separate_dep_attention_ && !env_is("PPX_DEP_HOIST", "0");
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
   // Depformer steps of user streams (s >= n_q / 2) are deferred to the tail unless PPX_DEP_DEFER=0.
@@ -367,7 +387,6 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   seed_.resize(1);
   counter_.resize(1);
   dep_barrier_.resize(1);
-  attn_count_.resize(c.num_heads);
   h_req_ = PinnedBuffer<int32_t>(req_.size());
   h_prov_ = PinnedBuffer<uint8_t>(K);
   h_out_ = PinnedBuffer<int32_t>(1 + S);
@@ -390,7 +409,6 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   seed_.upload(&sp.seed, 1, stream_);
   counter_.zero(stream_);
   dep_barrier_.zero(stream_);
-  attn_count_.zero(stream_);
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
@@ -425,7 +443,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
 namespace {
 
 template <typename F>
-cudaGraphExec_t capture(cudaStream_t s, F&& body) {
+cudaGraphExec_t capture(cudaStream_t s, bool urgent, F&& body) {
   cudaGraph_t g = nullptr;
   PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
@@ -436,11 +454,14 @@ cudaGraphExec_t capture(cudaStream_t s, F&& body) {
     throw;
   }
   PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-  cudaGraphDestroy(g);
-  PPX_CUDA_CHECK(e);
-  return exec;
+  try {
+    cudaGraphExec_t exec = instantiate_graph(g, urgent);
+    cudaGraphDestroy(g);
+    return exec;
+  } catch (...) {
+    cudaGraphDestroy(g);
+    throw;
+  }
 }
 
 void destroy(cudaGraphExec_t& g) {
@@ -455,15 +476,15 @@ void CudaLmStepper::capture_graphs() {
   destroy(graph_dep_);
   destroy(graph_tail_);
   if (!tail_stream_) {
-    graph_main_ = capture(stream_, [&] {
+    graph_main_ = capture(stream_, true, [&] {
       enqueue_main(stream_);
       enqueue_dep(stream_);
     });
     return;
   }
-  graph_main_ = capture(stream_, [&] { enqueue_main(stream_); });
-  graph_dep_ = capture(stream_, [&] { enqueue_dep(stream_); });
-  graph_tail_ = capture(tail_stream_, [&] { enqueue_tail(tail_stream_); });
+  graph_main_ = capture(stream_, true, [&] { enqueue_main(stream_); });
+  graph_dep_ = capture(stream_, true, [&] { enqueue_dep(stream_); });
+  graph_tail_ = capture(tail_stream_, false, [&] { enqueue_tail(tail_stream_); });
 }
 
 DepformerIo CudaLmStepper::depformer_io() const {
@@ -560,13 +581,8 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
     ring.k = k_cache_.get() + l * layer_kv;
     ring.v = v_cache_.get() + l * layer_kv;
     gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
-    if (rope_attention_) {
-      kern::ring_attention_rope(qkv_.get(), ring, 1, static_cast<float>(c.max_period), work_.get(), attn_count_.get(),
-                                att_.get(), s);
-    } else {
-      kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
-      kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
-    }
+    kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
+    kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
@@ -593,14 +609,14 @@ void CudaLmStepper::enqueue_dep(cudaStream_t s) {
   const int V = c.text_card;
   const SampleIo sio = live_sample_io();
   const DepformerIo io = depformer_io();
-  if (dep_persistent_ && tail_begin_ > 0) enqueue_depformer_inputs(lm_, io, tail_begin_, s);
+  if (tail_begin_ > 0 && (dep_persistent_ || hoist_inputs_)) enqueue_depformer_inputs(lm_, io, 0, tail_begin_, s);
   for (int st = 0; st < tail_begin_; ++st) {
     if (dep_persistent_) {
       kern::DepStepArgs a = depformer_step_args(lm_, io, st);
       a.kv_in_ring = dep_kv_in_ring_;
       kern::depformer_step(a, dep_plan_, s);
     } else {
-      enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);
+      enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s, hoist_inputs_);
     }
     enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
   }
@@ -628,8 +644,9 @@ void CudaLmStepper::enqueue_tail(cudaStream_t s) {
   DepformerIo io = depformer_io();
   io.x = tx_.get();
   io.token = tnext_.get();
+  if (hoist_inputs_) enqueue_depformer_inputs(lm_, io, tail_begin_, dep_steps_ - tail_begin_, s);
   for (int st = tail_begin_; st < dep_steps_; ++st) {
-    enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s);
+    enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s, hoist_inputs_);
     enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
   }
   PPX_CUDA_CHECK(

@@ -95,15 +95,17 @@ struct DepformerIo {
   unsigned* barrier = nullptr;       // persistent kernel only
 };
 
-// The persistent kernel's path: enqueue_depformer_inputs computes io.pre for steps [0, steps)
+// The persistent kernel's path: enqueue_depformer_inputs computes io.pre for steps [first, first + steps)
 // (bf16(depformer_in[s] out_norm(x)), one GEMV: it does not depend on the sampled tokens), then
 // each step is one kern::depformer_step with these arguments.
-void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int steps, cudaStream_t s);
+void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s);
 kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step);
 // The same step as per-op kernels; fused_attention computes the attention inside the output
-// projection's input staging (B == 1 only).
+// projection's input staging (B == 1 only). inputs_hoisted: io.pre holds this step's input
+// projection (enqueue_depformer_inputs), so the step starts with the first QKV projection, which
+// adds the token embedding while staging its RMSNorm (one kernel fewer per step, same results).
 void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, bool fused_attention,
-                               cudaStream_t s);
+                               cudaStream_t s, bool inputs_hoisted = false);
 
 // kAuto: the per-op kernels, or the persistent kernel with PPX_DEP_PERSISTENT=1 where the device
 // can run it (the fallback is logged).
@@ -158,7 +160,7 @@ class CudaLmStepper : public LmStepper {
   SamplingParams sp_;
   int dep_steps_;
   bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
-  bool rope_attention_ = true;  // temporal RoPE + attention in one kernel; PPX_ATTN_UNFUSED=1: three
+  bool hoist_inputs_ = true;  // per-op path: all input projections in one GEMV (PPX_DEP_HOIST=0: per step)
   bool dep_persistent_ = false;
   bool dep_kv_in_ring_ = true;  // PPX_DEP_KV=0: the persistent kernel reads keys/values from L2
   kern::DepPlan dep_plan_;
@@ -180,7 +182,7 @@ class CudaLmStepper : public LmStepper {
   DeviceBuffer<uint8_t> provided_;
   DeviceBuffer<float> temp_;
   DeviceBuffer<uint64_t> seed_, counter_;
-  DeviceBuffer<unsigned> dep_barrier_, attn_count_;
+  DeviceBuffer<unsigned> dep_barrier_;
   // The tail's private inputs (copied at the end of `dep`) and outputs.
   DeviceBuffer<__nv_bfloat16> tx_;
   DeviceBuffer<int32_t> treq_, tnext_, tsampled_;
