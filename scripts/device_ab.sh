@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 frames=${FRAMES:-500}
 log() { echo "$@" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-for k in ${KERNELS//,/ }; do
+kernels=${KERNELS:-}
+for k in ${kernels//,/ }; do
   timeout 120 $B/personaplex-bench-kernels --only "$k" --out "$OUT/kernels_$k.json" > "$OUT/kernels_$k.log" 2>&1
   log "kernels [$k] rc=$?"; cat "$OUT/kernels_$k.log" >> "$OUT/summary.txt"
 done

@@ -73,13 +73,8 @@ class CudaCodecStream : public CodecStream {
     PPX_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     body();
     PPX_CUDA_CHECK(cudaStreamEndCapture(s_, &g));
-    cudaGraphExec_t e = nullptr;
-    try {
-      e = cuda::instantiate_graph(g, /*urgent=*/true);
-    } catch (...) {
-      cudaGraphDestroy(g);
-      throw;
-    }
+    cudaGraphExec_t e;
+    PPX_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
     PPX_CUDA_CHECK(cudaGraphDestroy(g));
     return e;
   }

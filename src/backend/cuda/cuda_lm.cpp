@@ -443,7 +443,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
 namespace {
 
 template <typename F>
-cudaGraphExec_t capture(cudaStream_t s, bool urgent, F&& body) {
+cudaGraphExec_t capture(cudaStream_t s, F&& body) {
   cudaGraph_t g = nullptr;
   PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
@@ -454,14 +454,11 @@ cudaGraphExec_t capture(cudaStream_t s, bool urgent, F&& body) {
     throw;
   }
   PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  try {
-    cudaGraphExec_t exec = instantiate_graph(g, urgent);
-    cudaGraphDestroy(g);
-    return exec;
-  } catch (...) {
-    cudaGraphDestroy(g);
-    throw;
-  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  PPX_CUDA_CHECK(e);
+  return exec;
 }
 
 void destroy(cudaGraphExec_t& g) {
@@ -476,15 +473,15 @@ void CudaLmStepper::capture_graphs() {
   destroy(graph_dep_);
   destroy(graph_tail_);
   if (!tail_stream_) {
-    graph_main_ = capture(stream_, true, [&] {
+    graph_main_ = capture(stream_, [&] {
       enqueue_main(stream_);
       enqueue_dep(stream_);
     });
     return;
   }
-  graph_main_ = capture(stream_, true, [&] { enqueue_main(stream_); });
-  graph_dep_ = capture(stream_, true, [&] { enqueue_dep(stream_); });
-  graph_tail_ = capture(tail_stream_, false, [&] { enqueue_tail(tail_stream_); });
+  graph_main_ = capture(stream_, [&] { enqueue_main(stream_); });
+  graph_dep_ = capture(stream_, [&] { enqueue_dep(stream_); });
+  graph_tail_ = capture(tail_stream_, [&] { enqueue_tail(tail_stream_); });
 }
 
 DepformerIo CudaLmStepper::depformer_io() const {

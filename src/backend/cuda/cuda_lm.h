@@ -1,7 +1,8 @@
 // The PersonaPlex LM on CUDA in bf16 (weights, activations, KV cache; fp32 accumulation, norms,
-// RoPE and softmax), one CUDA graph per frame step: embedding, 32 temporal layers, text head and
-// sampling, and every depformer step with its sampling, so the 16 sequential depformer steps never
-// wait for the host. Only the step's tokens cross to the host.
+// RoPE and softmax), captured as CUDA graphs (one, or three with deferred steps, below):
+// embedding, 32 temporal layers, text head and sampling, and every depformer step with its
+// sampling, so the 16 sequential depformer steps never wait for the host. Only the step's tokens
+// cross to the host.
 //
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.

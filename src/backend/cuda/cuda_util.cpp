@@ -1,9 +1,6 @@
 #include "backend/cuda/cuda_util.h"
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
 
 namespace ppx::cuda {
 
@@ -30,29 +27,6 @@ std::string device_description() {
   std::snprintf(mem, sizeof(mem), "%.1f", static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
   return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
          std::to_string(p.multiProcessorCount) + " SMs, " + mem + " GiB)";
-}
-
-cudaGraphExec_t instantiate_graph(cudaGraph_t g, bool urgent) {
-  const char* env = std::getenv("PPX_GRAPH_PRIORITY");
-  if (urgent && !(env && std::strcmp(env, "0") == 0)) {
-    int least = 0, greatest = 0;
-    PPX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    size_t n = 0;
-    PPX_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
-    std::vector<cudaGraphNode_t> nodes(n);
-    PPX_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
-    cudaLaunchAttributeValue v{};
-    v.priority = greatest;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType t;
-      PPX_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-      if (t == cudaGraphNodeTypeKernel)
-        PPX_CUDA_CHECK(cudaGraphKernelNodeSetAttribute(node, cudaLaunchAttributePriority, &v));
-    }
-  }
-  cudaGraphExec_t exec = nullptr;
-  PPX_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  return exec;
 }
 
 }  // namespace ppx::cuda

@@ -98,10 +98,4 @@ int device_count();
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" for the current device.
 std::string device_description();
 
-// Instantiates a captured graph. `urgent`: every kernel node gets the device's greatest
-// scheduling priority, so that a frame's critical work (the LM step, Mimi) is dispatched ahead of
-// deferred work (the user streams' depformer steps, default priority) when both are pending.
-// PPX_GRAPH_PRIORITY=0 leaves every node at the default priority.
-cudaGraphExec_t instantiate_graph(cudaGraph_t g, bool urgent);
-
 }  // namespace ppx::cuda
