@@ -259,47 +259,81 @@ void compare_batch(const cuda::CudaLm& lm, int B, bool kv_in_ring) {
 // The deferred user-stream depformer steps against a serial stepper (same kernels, same counter-
 // based random draws): identical tokens and logits, sampling on. Frames without logits and with
 // every user stream provided return before the tail runs (its tokens are -1 then); a frame with
-// logits, or with a user stream not provided, waits for it.
-void compare_deferred(const cuda::CudaLm& lm, int steps) {
+// logits, or with a user stream not provided, waits for it. The serial results are computed
+// first, so that the deferred stepper runs its frames back to back and each tail overlaps the next
+// frame. With the persistent path the deferred steps run the per-op kernels, so their logits are
+// compared with the persistent-vs-per-op tolerance and their tokens not at all.
+void compare_deferred(const cuda::CudaLm& lm, int steps, cuda::DepformerPath path = cuda::DepformerPath::kKernels) {
   const LmConfig& c = lm.config();
+  const bool exact = path == cuda::DepformerPath::kKernels;
   cuda::SamplingParams sp;
   sp.seed = 5;
-  cuda::CudaLmStepper serial(lm, sp, -1, cuda::DepformerPath::kKernels, /*defer_user_steps=*/false);
-  cuda::CudaLmStepper deferred(lm, sp, -1, cuda::DepformerPath::kKernels);
+  cuda::CudaLmStepper serial(lm, sp, -1, path, /*defer_user_steps=*/false);
+  cuda::CudaLmStepper deferred(lm, sp, -1, path);
   const int half = c.n_q / 2;
   ASSERT_EQ(serial.tail_begin(), c.dep_q);
   ASSERT_EQ(deferred.tail_begin(), c.dep_q > half ? half : c.dep_q);
   const int K = c.n_q + 1;
   std::mt19937 rng(3);
-  std::vector<int64_t> input(K), target(K);
-  std::vector<uint8_t> provided(K);
+  struct Frame {
+    std::vector<int64_t> input, target;
+    std::vector<uint8_t> provided;
+    bool with_logits = false, user_missing = false;
+    StepResult r;
+    StepLogits l;
+  };
+  std::vector<Frame> frames(steps);
   for (int t = 0; t < steps; ++t) {
-    const bool with_logits = t % 5 == 4, user_missing = t % 7 == 5;
+    Frame& f = frames[t];
+    f.with_logits = t % 5 == 4;
+    f.user_missing = t % 7 == 5;
+    f.input.resize(K);
+    f.target.resize(K);
+    f.provided.resize(K);
     for (int k = 0; k < K; ++k) {
-      input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      provided[k] = k > half ? 1 : 0;  // streams 1 + half .. n_q: the user's codebooks
+      f.input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      f.target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
+      f.provided[k] = k > half ? 1 : 0;  // streams 1 + half .. n_q: the user's codebooks
     }
-    if (user_missing) provided[K - 2] = 0;
+    if (f.user_missing) f.provided[K - 2] = 0;
+  }
+  auto request = [](const Frame& f) {
     StepRequest req;
-    req.input = input.data();
-    req.target = target.data();
-    req.provided = provided.data();
-    StepResult rs, rd;
-    StepLogits ls, ld;
-    serial.run(req, rs, with_logits ? &ls : nullptr);
-    deferred.run(req, rd, with_logits ? &ld : nullptr);
-    EXPECT_EQ(rd.text, rs.text) << "step " << t;
+    req.input = f.input.data();
+    req.target = f.target.data();
+    req.provided = f.provided.data();
+    return req;
+  };
+  for (Frame& f : frames) serial.run(request(f), f.r, f.with_logits ? &f.l : nullptr);
+  for (int t = 0; t < steps; ++t) {
+    const Frame& f = frames[t];
+    StepResult rd;
+    StepLogits ld;
+    deferred.run(request(f), rd, f.with_logits ? &ld : nullptr);
+    EXPECT_EQ(rd.text, f.r.text) << "step " << t;
     for (int s = 0; s < c.dep_q; ++s) {
-      if (s < deferred.tail_begin() || with_logits || user_missing) {
-        EXPECT_EQ(rd.audio[s], rs.audio[s]) << "step " << t << " codebook " << s;
+      if (s < deferred.tail_begin()) {
+        EXPECT_EQ(rd.audio[s], f.r.audio[s]) << "step " << t << " codebook " << s;
+      } else if (f.with_logits || f.user_missing) {
+        if (exact) {
+          EXPECT_EQ(rd.audio[s], f.r.audio[s]) << "step " << t << " codebook " << s;
+        }
       } else {
         EXPECT_EQ(rd.audio[s], -1) << "step " << t << " codebook " << s;
       }
     }
-    if (with_logits) {
-      EXPECT_EQ(rel_l2(ld.text, ls.text), 0.0) << "step " << t;
-      EXPECT_EQ(rel_l2(ld.audio, ls.audio), 0.0) << "step " << t;
+    if (f.with_logits) {
+      EXPECT_EQ(rel_l2(ld.text, f.l.text), 0.0) << "step " << t;
+      const size_t split = static_cast<size_t>(deferred.tail_begin()) * c.card;
+      const std::vector<float> head_d(ld.audio.begin(), ld.audio.begin() + split),
+          head_s(f.l.audio.begin(), f.l.audio.begin() + split), tail_d(ld.audio.begin() + split, ld.audio.end()),
+          tail_s(f.l.audio.begin() + split, f.l.audio.end());
+      EXPECT_EQ(rel_l2(head_d, head_s), 0.0) << "step " << t;
+      if (exact) {
+        EXPECT_EQ(rel_l2(tail_d, tail_s), 0.0) << "step " << t;
+      } else {
+        EXPECT_LE(rel_l2(tail_d, tail_s), 2e-2) << "step " << t;
+      }
     }
     if (t > 0 && deferred.tail_begin() < c.dep_q) {
       EXPECT_GT(deferred.deferred_ms(), 0.0) << "step " << t;
@@ -314,6 +348,7 @@ TEST(CudaLmDeferred, MatchesSerialTiny) {
   SKIP_WITHOUT_GPU();
   TinyCuda t;
   compare_deferred(t.lm, 24);
+  compare_deferred(t.lm, 12, cuda::DepformerPath::kPersistent);
 }
 
 TEST(CudaLmDepformer, PersistentMatchesKernelsTiny) {
@@ -339,6 +374,7 @@ TEST(CudaLmDepformer, PersistentMatchesKernelsFullSize) {
   cuda::CudaLm lm(*cfg.lm, 1234);
   compare_steppers(lm, 4);
   compare_deferred(lm, 6);
+  compare_deferred(lm, 6, cuda::DepformerPath::kPersistent);
   for (int B = 1; B <= 4; ++B) {
     compare_batch(lm, B, true);
     compare_batch(lm, B, false);
