@@ -18,6 +18,21 @@ constexpr int kMaxSmemBytes = 100 * 1024;
 constexpr unsigned kEarlyTriggerBlocks = 384;
 
 
+// The embedding row of batch row b's token in a [table_rows, width] table (kAddEmb, kEmbRmsNorm):
+// nullptr for token -1 (nothing added), other out-of-range tokens clamp.
+__device__ __forceinline__ const __nv_bfloat16* embedding_row(const GemvArgs& a, int b, int width) {
+  int tok = a.token[b];
+  if (tok == -1) return nullptr;
+  tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
+  return a.table + static_cast<int64_t>(tok) * width;
+}
+
+// rsqrt(mean(x^2) + eps) from this thread's share of the sum of squares (a block reduction).
+__device__ __forceinline__ float rms_scale(float ss, int K, float eps, float* red) {
+  ss = block_sum(ss, red);
+  return rsqrtf(ss / static_cast<float>(K) + eps);
+}
+
 template <GemvIn IN, int B>
 __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
   const int K = a.K;
@@ -34,20 +49,13 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
         const float v = __bfloat162float(x[k]);
         ss += v * v;
       }
-      ss = block_sum(ss, red);
-      const float var = ss / static_cast<float>(K) + a.eps;
-      const float r = rsqrtf(var);
+      const float r = rms_scale(ss, K, a.eps, red);
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const float al = __bfloat162float(a.alpha[k]) * r;
         dst[k] = __float2bfloat16(__bfloat162float(x[k]) * al);
       }
     } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
-      int tok = a.token[b];
-      const __nv_bfloat16* e = nullptr;
-      if (tok != -1) {
-        tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
-        e = a.table + static_cast<int64_t>(tok) * K;
-      }
+      const __nv_bfloat16* e = embedding_row(a, b, K);
       float ss = 0.f;
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const __nv_bfloat16 z = __float2bfloat16(__bfloat162float(x[k]) + (e ? __bfloat162float(e[k]) : 0.f));
@@ -55,9 +63,7 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
         const float v = __bfloat162float(z);
         ss += v * v;
       }
-      ss = block_sum(ss, red);
-      const float var = ss / static_cast<float>(K) + a.eps;
-      const float r = rsqrtf(var);
+      const float r = rms_scale(ss, K, a.eps, red);
       for (int k = threadIdx.x; k < K; k += kThreads) {  // each thread rewrites only its own entries
         const __nv_bfloat16 z = dst[k];
         if (blockIdx.x == 0) a.x_out[static_cast<int64_t>(b) * K + k] = z;
@@ -120,12 +126,8 @@ __device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float 
   } else if constexpr (OUT == GemvOut::kLogits) {
     a.yf[b * a.y_stride + n] = r;
   } else {  // kAddEmb
-    int tok = a.token[b];
-    float e = 0.f;
-    if (tok != -1) {
-      tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
-      e = __bfloat162float(a.table[static_cast<int64_t>(tok) * a.N + n]);
-    }
+    const __nv_bfloat16* row = embedding_row(a, b, a.N);
+    const float e = row ? __bfloat162float(row[n]) : 0.f;
     a.y[b * a.y_stride + n] = __float2bfloat16(r + e);
   }
 }

@@ -131,6 +131,32 @@ bool all_finite(const std::vector<float>& v) {
   return true;
 }
 
+// A random model call: input and target tokens in range (drawn in that order per stream), the
+// user's streams (1 + n_q / 2 .. n_q) provided.
+struct RandomStep {
+  std::vector<int64_t> input, target;
+  std::vector<uint8_t> provided;
+  RandomStep(const LmConfig& c, std::mt19937& rng) {
+    const int K = c.n_q + 1;
+    input.resize(K);
+    target.resize(K);
+    provided.resize(K);
+    for (int k = 0; k < K; ++k) {
+      const unsigned card = static_cast<unsigned>(k == 0 ? c.text_card : c.card);
+      input[k] = static_cast<int64_t>(rng() % card);
+      target[k] = static_cast<int64_t>(rng() % card);
+      provided[k] = k > c.n_q / 2 ? 1 : 0;
+    }
+  }
+  StepRequest request() const {
+    StepRequest req;
+    req.input = input.data();
+    req.target = target.data();
+    req.provided = provided.data();
+    return req;
+  }
+};
+
 // The persistent path against the per-op path on the same random requests (sampling on, some
 // streams provided). Same rounding points, another fp32 summation order: measured 8e-4 (tiny) and
 // 5e-3 to 7e-3 (full size, random weights) relative L2 on the audio logits; the bound is the one the
@@ -143,26 +169,14 @@ void compare_steppers(const cuda::CudaLm& lm, int steps) {
   cuda::CudaLmStepper new_path(lm, sp, -1, cuda::DepformerPath::kPersistent, /*defer_user_steps=*/false);
   ASSERT_FALSE(old_path.persistent_depformer());
   ASSERT_TRUE(new_path.persistent_depformer());
-  const LmConfig& c = lm.config();
-  const int K = c.n_q + 1;
   std::mt19937 rng(11);
-  std::vector<int64_t> input(K), target(K);
-  std::vector<uint8_t> provided(K);
   double worst = 0;
   for (int t = 0; t < steps; ++t) {
-    for (int k = 0; k < K; ++k) {
-      input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      provided[k] = k > c.dep_q / 2 ? 1 : 0;
-    }
-    StepRequest req;
-    req.input = input.data();
-    req.target = target.data();
-    req.provided = provided.data();
+    const RandomStep step(lm.config(), rng);
     StepResult ro, rn;
     StepLogits lo, ln;
-    old_path.run(req, ro, &lo);
-    new_path.run(req, rn, &ln);
+    old_path.run(step.request(), ro, &lo);
+    new_path.run(step.request(), rn, &ln);
     ASSERT_TRUE(all_finite(ln.audio)) << "step " << t;
     EXPECT_EQ(rn.text, ro.text) << "step " << t;
     EXPECT_EQ(rel_l2(ln.text, lo.text), 0.0) << "step " << t;  // the temporal part is shared code
@@ -273,43 +287,24 @@ void compare_deferred(const cuda::CudaLm& lm, int steps, cuda::DepformerPath pat
   const int half = c.n_q / 2;
   ASSERT_EQ(serial.tail_begin(), c.dep_q);
   ASSERT_EQ(deferred.tail_begin(), c.dep_q > half ? half : c.dep_q);
-  const int K = c.n_q + 1;
   std::mt19937 rng(3);
   struct Frame {
-    std::vector<int64_t> input, target;
-    std::vector<uint8_t> provided;
+    RandomStep step;
     bool with_logits = false, user_missing = false;
     StepResult r;
     StepLogits l;
   };
-  std::vector<Frame> frames(steps);
+  std::vector<Frame> frames;
   for (int t = 0; t < steps; ++t) {
-    Frame& f = frames[t];
-    f.with_logits = t % 5 == 4;
-    f.user_missing = t % 7 == 5;
-    f.input.resize(K);
-    f.target.resize(K);
-    f.provided.resize(K);
-    for (int k = 0; k < K; ++k) {
-      f.input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      f.target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      f.provided[k] = k > half ? 1 : 0;  // streams 1 + half .. n_q: the user's codebooks
-    }
-    if (f.user_missing) f.provided[K - 2] = 0;
+    frames.push_back({RandomStep(c, rng), t % 5 == 4, t % 7 == 5, {}, {}});
+    if (frames.back().user_missing) frames.back().step.provided[c.n_q - 1] = 0;  // user codebook 6
   }
-  auto request = [](const Frame& f) {
-    StepRequest req;
-    req.input = f.input.data();
-    req.target = f.target.data();
-    req.provided = f.provided.data();
-    return req;
-  };
-  for (Frame& f : frames) serial.run(request(f), f.r, f.with_logits ? &f.l : nullptr);
+  for (Frame& f : frames) serial.run(f.step.request(), f.r, f.with_logits ? &f.l : nullptr);
   for (int t = 0; t < steps; ++t) {
     const Frame& f = frames[t];
     StepResult rd;
     StepLogits ld;
-    deferred.run(request(f), rd, f.with_logits ? &ld : nullptr);
+    deferred.run(f.step.request(), rd, f.with_logits ? &ld : nullptr);
     EXPECT_EQ(rd.text, f.r.text) << "step " << t;
     for (int s = 0; s < c.dep_q; ++s) {
       if (s < deferred.tail_begin()) {
@@ -464,24 +459,13 @@ TEST(CudaLmDepformer, HoistedInputsEqualPerStepInputs) {
   cuda::CudaLmStepper per_step(t.lm, sp, -1, cuda::DepformerPath::kKernels);
   unsetenv("PPX_DEP_HOIST");
   cuda::CudaLmStepper hoisted(t.lm, sp, -1, cuda::DepformerPath::kKernels);
-  const int K = c.n_q + 1;
   std::mt19937 rng(21);
-  std::vector<int64_t> input(K), target(K);
-  std::vector<uint8_t> provided(K);
   for (int step = 0; step < 10; ++step) {
-    for (int k = 0; k < K; ++k) {
-      input[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      target[k] = static_cast<int64_t>(rng() % static_cast<unsigned>(k == 0 ? c.text_card : c.card));
-      provided[k] = k > c.n_q / 2 ? 1 : 0;
-    }
-    StepRequest req;
-    req.input = input.data();
-    req.target = target.data();
-    req.provided = provided.data();
+    const RandomStep r(c, rng);
     StepResult ra, rb;
     StepLogits la, lb;
-    per_step.run(req, ra, &la);
-    hoisted.run(req, rb, &lb);
+    per_step.run(r.request(), ra, &la);
+    hoisted.run(r.request(), rb, &lb);
     EXPECT_EQ(ra.text, rb.text) << "step " << step;
     EXPECT_EQ(ra.audio, rb.audio) << "step " << step;
     EXPECT_EQ(rel_l2(lb.audio, la.audio), 0.0) << "step " << step;

@@ -65,6 +65,18 @@ void log_fallback(const std::string& why) {
   });
 }
 
+// Depformer step st adds the embedding of the previous stream's token: the text table at step 0,
+// then audio table st - 1.
+struct StepEmbedding {
+  const bf16* table;
+  int rows;
+};
+StepEmbedding step_embedding(const CudaLm& lm, int st) {
+  const LmConfig& c = lm.config();
+  return st == 0 ? StepEmbedding{lm.depformer_text_emb, c.text_card + 1}
+                 : StepEmbedding{lm.depformer_emb[st - 1], c.card + 1};
+}
+
 }  // namespace
 
 kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step) {
@@ -81,8 +93,9 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   a.step = step;
   a.pre = io.pre + static_cast<int64_t>(step) * DD;
   a.pre_stride = io.pre_stride;
-  a.emb = step == 0 ? lm.depformer_text_emb : lm.depformer_emb[step - 1];
-  a.emb_rows = step == 0 ? c.text_card + 1 : c.card + 1;
+  const StepEmbedding e = step_embedding(lm, step);
+  a.emb = e.table;
+  a.emb_rows = e.rows;
   a.token = io.token;
   const size_t qkv_step = static_cast<size_t>(3) * DD * DD, out_step = static_cast<size_t>(DD) * DD;
   for (int l = 0; l < std::min(a.layers, kern::kDepMaxLayers); ++l) {
@@ -139,8 +152,9 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     a.alpha = lm.out_norm;
     a.y = io.z;
     a.y_stride = DD;
-    a.table = st == 0 ? lm.depformer_text_emb : lm.depformer_emb[st - 1];
-    a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
+    const StepEmbedding e = step_embedding(lm, st);
+    a.table = e.table;
+    a.table_rows = e.rows;
     a.token = io.token;
     kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
   }
@@ -165,8 +179,9 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
       a.alpha = L.norm1;
       a.y = io.qkv;
       a.y_stride = 3 * DD;
-      a.table = st == 0 ? lm.depformer_text_emb : lm.depformer_emb[st - 1];
-      a.table_rows = st == 0 ? c.text_card + 1 : c.card + 1;
+      const StepEmbedding e = step_embedding(lm, st);
+      a.table = e.table;
+      a.table_rows = e.rows;
       a.token = io.token;
       a.x_out = io.z;
       kern::gemv(GemvIn::kEmbRmsNorm, GemvOut::kStore, a, s);
@@ -695,8 +710,8 @@ void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* log
   if (tail_stream_) {
     // The previous frame's tail finished before this frame's depformer started.
     const int q = parity_ ^ 1;
-    if (tail_ran_[q]) PPX_CUDA_CHECK(cudaEventElapsedTime(&last_tail_ms_, tail_ev_[q][0], tail_ev_[q][1]));
-    tail_ran_[parity_] = true;
+    if (tail_ran_) PPX_CUDA_CHECK(cudaEventElapsedTime(&last_tail_ms_, tail_ev_[q][0], tail_ev_[q][1]));
+    tail_ran_ = true;
     parity_ = q;
   }
   out.text = h_out_[0];

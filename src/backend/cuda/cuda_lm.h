@@ -171,7 +171,7 @@ class CudaLmStepper : public LmStepper {
   cudaGraphExec_t graph_main_ = nullptr, graph_dep_ = nullptr, graph_tail_ = nullptr;
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr, dep_done_ = nullptr;
   cudaEvent_t tail_ev_[2][2] = {};  // [frame parity][start, end]
-  bool tail_ran_[2] = {false, false};
+  bool tail_ran_ = false;  // a previous run launched a tail (every run does)
   int parity_ = 0;
   float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
