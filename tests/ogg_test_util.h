@@ -3,9 +3,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
 #include <ogg/ogg.h>
 #include <opus.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <vector>
+
 #include "ppx/audio.h"
 #include "ppx/error.h"
 #include "ppx/ogg_opus.h"
@@ -23,7 +24,6 @@
 namespace ppx::ogg_test {
 
 using Bytes = std::vector<uint8_t>;
-
 
 inline constexpr int kFrame = 1920;  // 80 ms at 24 kHz
 
@@ -36,7 +36,9 @@ inline uint32_t crc_bitwise(const uint8_t* p, size_t n, uint32_t crc = 0) {
   return crc;
 }
 
-inline uint32_t le32(const uint8_t* p) { return p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24; }
+inline uint32_t le32(const uint8_t* p) {
+  return p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24;
+}
 
 struct Page {
   uint8_t flags = 0;
@@ -79,6 +81,38 @@ inline Page parse_page(const Bytes& b, size_t at = 0) {
   return pg;
 }
 
+// Sets the CRC of the complete page `p` (header and body contiguous) with libogg.
+inline void set_crc(Bytes& p) {
+  ogg_page og{p.data(), 27 + p[26], p.data() + 27 + p[26],
+              static_cast<long>(p.size() - 27 - p[26])};
+  ogg_page_checksum_set(&og);
+}
+
+// One Ogg page holding `packets`, each whole and laced (a packet whose size is a multiple of 255
+// gets a terminating 0 lacing value), with any flags: for pages our writer does not make (foreign
+// serials, empty EOS pages, bad Opus). The CRC is libogg's.
+inline Bytes make_page(uint32_t serial, uint32_t seq, int64_t granule, uint8_t flags,
+                       const std::vector<Bytes>& packets) {
+  Bytes lacing, body;
+  for (const auto& p : packets) {
+    for (size_t left = p.size(); left >= 255; left -= 255) lacing.push_back(255);
+    lacing.push_back(static_cast<uint8_t>(p.size() % 255));
+    body.insert(body.end(), p.begin(), p.end());
+  }
+  EXPECT_LE(lacing.size(), 255u);
+  Bytes page = {'O', 'g', 'g', 'S', 0, flags};
+  for (int i = 0; i < 8; ++i)
+    page.push_back(static_cast<uint8_t>(static_cast<uint64_t>(granule) >> (8 * i)));
+  for (uint32_t x : {serial, seq, 0u}) {
+    for (int i = 0; i < 4; ++i) page.push_back(static_cast<uint8_t>(x >> (8 * i)));
+  }
+  page.push_back(static_cast<uint8_t>(lacing.size()));
+  page.insert(page.end(), lacing.begin(), lacing.end());
+  page.insert(page.end(), body.begin(), body.end());
+  set_crc(page);
+  return page;
+}
+
 template <typename T>
 inline void append(std::vector<T>& dst, const std::vector<T>& src) {
   dst.insert(dst.end(), src.begin(), src.end());
@@ -93,7 +127,7 @@ inline std::vector<float> speech_24k() {
 // Whole stream from our writer: headers, one page per frame (last frame zero-padded), finish().
 // `pages_out` gets each page separately.
 inline Bytes write_stream(const std::vector<float>& pcm, OggOpusWriter& w, bool headers = true,
-                   bool finish = true, std::vector<Bytes>* pages_out = nullptr) {
+                          bool finish = true, std::vector<Bytes>* pages_out = nullptr) {
   Bytes out;
   std::vector<Bytes> pages;
   if (headers) pages = {w.head_page(), w.tags_page()};
@@ -122,7 +156,8 @@ inline std::vector<float> read_all(const Bytes& stream, size_t* errors = nullptr
   return out;
 }
 
-inline ::testing::AssertionResult same_pcm(const std::vector<float>& a, const std::vector<float>& b) {
+inline ::testing::AssertionResult same_pcm(const std::vector<float>& a,
+                                           const std::vector<float>& b) {
   if (a.size() != b.size()) {
     return ::testing::AssertionFailure() << "sizes " << a.size() << " vs " << b.size();
   }
@@ -136,7 +171,7 @@ inline ::testing::AssertionResult same_pcm(const std::vector<float>& a, const st
 // across pages (continued flag), granule -1 on pages where no packet ends, as RFC 3533 says.
 // `granules[i]` is the granule after packet i.
 inline Bytes paginate(const std::vector<Bytes>& packets, const std::vector<int64_t>& granules,
-               size_t max_segments, uint32_t serial, uint32_t first_seq) {
+                      size_t max_segments, uint32_t serial, uint32_t first_seq) {
   Bytes out;
   uint32_t seq = first_seq;
   std::vector<uint8_t> lacing;
@@ -184,7 +219,7 @@ inline Bytes paginate(const std::vector<Bytes>& packets, const std::vector<int64
 // Packets and page granules as libogg reads them (it checks CRCs itself); `skipped` counts the
 // times libogg had to skip bytes to find a page.
 inline std::vector<Bytes> libogg_packets(const Bytes& b, std::vector<ogg_int64_t>* granules,
-                                  std::vector<bool>* eos, int* skipped) {
+                                         std::vector<bool>* eos, int* skipped) {
   ogg_sync_state oy;
   ogg_sync_init(&oy);
   char* buf = ogg_sync_buffer(&oy, static_cast<long>(b.size()));
@@ -218,7 +253,7 @@ inline std::vector<Bytes> libogg_packets(const Bytes& b, std::vector<ogg_int64_t
 // A browser-like (opus-recorder) stream: OPUS_APPLICATION_AUDIO at 24 kHz, 20 ms packets, two
 // per page, laid out by libogg; OpusHead with opus-recorder's fixed pre-skip 3840 and rate 48000.
 inline Bytes browser_stream(const std::vector<float>& pcm, bool headers, size_t* packet_count,
-                     std::vector<Bytes>* packets_out = nullptr) {
+                            std::vector<Bytes>* packets_out = nullptr) {
   opus::Encoder enc(24000, 1, opus::Application::kAudio);
   ogg_stream_state os;
   ogg_stream_init(&os, 0x1234abcd);
@@ -263,6 +298,5 @@ inline Bytes browser_stream(const std::vector<float>& pcm, bool headers, size_t*
   *packet_count = n;
   return out;
 }
-
 
 }  // namespace ppx::ogg_test

@@ -1,5 +1,6 @@
 // Ogg Opus reader on damaged and hostile input: garbage, bit flips, truncation, foreign pages,
-// oversized packets, memory caps, chained streams, random mutations (ppx/ogg_opus.h).
+// oversized packets, memory caps, chained streams, random mutations, and the work budgets that
+// make hostile input fail fast (ppx/ogg_opus.h).
 
 #include <gtest/gtest.h>
 #include <ogg/ogg.h>
@@ -8,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,10 +90,9 @@ TEST(OggOpusReader, InvalidOpusPacketsAndForeignPagesAreSkipped) {
   Bytes s;
   uint32_t seq = 0;
   for (size_t k = 0; k < packets.size(); ++k) {
-    append(s, make_ogg_page(w.serial(), seq++, 0, k == 0 ? kOggBos : 0, {packets[k]}));
-    if (k >= 2 && k - 2 < bad.size())
-      append(s, make_ogg_page(w.serial(), seq++, 0, 0, {bad[k - 2]}));
-    if (k == 3) append(s, make_ogg_page(w.serial() ^ 1, 0, 0, 0, {packets[k]}));  // foreign serial
+    append(s, make_page(w.serial(), seq++, 0, k == 0 ? kOggBos : 0, {packets[k]}));
+    if (k >= 2 && k - 2 < bad.size()) append(s, make_page(w.serial(), seq++, 0, 0, {bad[k - 2]}));
+    if (k == 3) append(s, make_page(w.serial() ^ 1, 0, 0, 0, {packets[k]}));  // foreign serial
   }
   OggOpusReader r;
   r.push(s.data(), s.size());
@@ -108,7 +110,7 @@ TEST(OggOpusReader, RandomDataNeverCrashesAndStaysBounded) {
     EXPECT_GT(r.errors(), 0u);
     EXPECT_EQ(r.available(), 0u);
     EXPECT_FALSE(r.failed());
-    EXPECT_LE(r.buffered_bytes(), 3u);
+    EXPECT_LT(r.buffered_bytes(), 27u);  // libogg keeps up to a page header's worth to decide
     // A good stream after the noise still decodes.
     OggOpusWriter w;
     const Bytes stream = write_stream(std::vector<float>(3 * kFrame, 0.1f), w);
@@ -221,7 +223,7 @@ TEST(OggOpusReader, ChainedStreamAndHeaderEdgeCases) {
   Bytes s = write_stream(std::vector<float>(3 * kFrame, 0.1f), a);
   append(s, write_stream(std::vector<float>(2 * kFrame, -0.1f), b));
   // An empty EOS page (no segments) is valid and holds nothing.
-  append(s, make_ogg_page(b.serial(), b.next_sequence(), b.granule(), kOggEos, {}));
+  append(s, make_page(b.serial(), b.next_sequence(), b.granule(), kOggEos, {}));
   size_t errors = 0;
   EXPECT_EQ(read_all(s, &errors).size(), 5u * kFrame + 2 * 240);
   EXPECT_EQ(errors, 0u);
@@ -239,7 +241,7 @@ TEST(OggOpusReader, ChainedStreamAndHeaderEdgeCases) {
   // Multistream (mapping family 1, two streams) cannot be decoded here: the stream fails.
   Bytes head = {'O',  'p',  'u', 's', 'H', 'e', 'a', 'd', 1, 3, 0, 0,
                 0x80, 0xBB, 0,   0,   0,   0,   1,   2,   1, 0, 1, 2};
-  const Bytes ms = make_ogg_page(3, 0, 0, kOggBos, {head});
+  const Bytes ms = make_page(3, 0, 0, kOggBos, {head});
   OggOpusReader r;
   r.push(ms.data(), ms.size());
   EXPECT_TRUE(r.failed());
@@ -259,7 +261,7 @@ TEST(OggOpusReader, ChainedStreamAndHeaderEdgeCases) {
   Bytes plain, gained;
   for (size_t k = 0; k < pages.size(); ++k) {
     append(plain, pages[k]);
-    append(gained, k == 0 ? make_ogg_page(c.serial(), 0, 0, kOggBos, {h.serialize()}) : pages[k]);
+    append(gained, k == 0 ? make_page(c.serial(), 0, 0, kOggBos, {h.serialize()}) : pages[k]);
   }
   const std::vector<float> x = read_all(plain), y = read_all(gained);
   ASSERT_EQ(x.size(), y.size());
@@ -292,11 +294,7 @@ TEST(OggOpusReader, MutatedStreamsNeverCrash) {
           p[body + rng() % (p.size() - body)] = static_cast<uint8_t>(rng());
         }
       }
-      if (dice <= 7) {
-        for (size_t i = 22; i < 26; ++i) p[i] = 0;
-        const uint32_t crc = ogg_crc32(p.data(), p.size());
-        for (int i = 0; i < 4; ++i) p[22 + i] = static_cast<uint8_t>(crc >> (8 * i));
-      }
+      if (dice <= 7) set_crc(p);
       if (dice == 8) p.resize(rng() % p.size());  // truncated
       append(s, p);
       ++packets;
@@ -312,4 +310,163 @@ TEST(OggOpusReader, MutatedStreamsNeverCrash) {
     EXPECT_FALSE(r.failed()) << r.error();
     EXPECT_LE(r.available(), packets * 2880);  // at most 120 ms per packet
   }
+}
+
+// ---- Reader: work budgets (cumulative per stream, see the class comment) ----
+
+namespace {
+
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
+// `s` as our writer's pages, with page k (k in `damage`) damaged by `how`.
+Bytes with_damage(const std::vector<Bytes>& pages, const std::vector<size_t>& damage,
+                  const std::function<void(Bytes&, size_t)>& how) {
+  Bytes s;
+  for (size_t k = 0; k < pages.size(); ++k) {
+    Bytes p = pages[k];
+    if (std::find(damage.begin(), damage.end(), k) != damage.end()) how(p, k);
+    append(s, p);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(OggOpusReaderBudget, RepeatedFakeHeaderAttackFailsFast) {
+  // "OggS" every 7 bytes: each candidate header claims 255 lacing values and ~32 KB of body, so
+  // each costs a CRC over ~32 KB to advance 7 bytes. The reader must give up early, on work.
+  const char unit[7] = {'O', 'g', 'g', 'S', 0, '\xff', '\xff'};
+  Bytes attack(8 << 20);
+  for (size_t i = 0; i < attack.size(); ++i) attack[i] = static_cast<uint8_t>(unit[i % 7]);
+  {
+    OggOpusReader r;
+    const double t0 = cpu_seconds();
+    size_t consumed = 0;
+    double t_fail = 0;
+    for (size_t at = 0; at < attack.size(); at += 4096) {
+      r.push(attack.data() + at, std::min<size_t>(4096, attack.size() - at));
+      if (r.failed() && consumed == 0) consumed = at + 4096, t_fail = cpu_seconds() - t0;
+    }
+    const double t_all = cpu_seconds() - t0;
+    std::printf(
+        "fake-header attack: failed after %zu bytes, %.2f ms CPU (all 8 MiB: %.2f ms): %s\n",
+        consumed, 1e3 * t_fail, 1e3 * t_all, r.error().c_str());
+    ASSERT_TRUE(r.failed());
+    EXPECT_EQ(r.error().rfind("bad pages:", 0), 0u) << r.error();
+    EXPECT_LE(consumed, 256u * 1024);
+    // The work, counted: CRC over at most the allowance plus one candidate page.
+    EXPECT_LE(r.bad_page_bytes(), OggOpusReader::kBadPageAllowance + kOggMaxPageBytes);
+    EXPECT_LE(r.garbage_bytes(), consumed);
+    EXPECT_LT(t_fail, 0.05);
+    EXPECT_LT(t_all, 0.2);
+    EXPECT_EQ(r.buffered_bytes(), 0u);
+  }
+  {  // all of it in one push
+    OggOpusReader r;
+    const double t0 = cpu_seconds();
+    r.push(attack.data(), attack.size());
+    const double t = cpu_seconds() - t0;
+    EXPECT_TRUE(r.failed());
+    EXPECT_LT(t, 0.2);
+  }
+}
+
+TEST(OggOpusReaderBudget, GarbageWithAValidPageEvery900KbFails) {
+  // Each run is below the fixed garbage allowance, but the allowance is for the whole stream: a
+  // valid page now and then does not reset it.
+  OggOpusWriter w;
+  std::vector<Bytes> pages;
+  write_stream(std::vector<float>(40 * kFrame, 0.1f), w, true, false, &pages);
+  std::mt19937 rng(13);
+  Bytes noise(900 * 1024);
+  OggOpusReader r;
+  size_t runs = 0;
+  for (size_t k = 2; k < pages.size() && !r.failed(); ++k) {  // headers are optional
+    r.push(pages[k].data(), pages[k].size());
+    for (auto& b : noise) b = static_cast<uint8_t>('A' + rng() % 26);
+    r.push(noise.data(), noise.size());
+    ++runs;
+  }
+  ASSERT_TRUE(r.failed());
+  EXPECT_EQ(runs, 2u);
+  EXPECT_EQ(r.error().rfind("garbage:", 0), 0u) << r.error();
+  EXPECT_GT(r.garbage_bytes(), OggOpusReader::kGarbageAllowance + r.valid_bytes() / 4);
+  EXPECT_LE(r.garbage_bytes(), OggOpusReader::kGarbageAllowance + 64 * 1024);
+  EXPECT_EQ(r.available(), 2u * kFrame);  // the two audio pages before it
+}
+
+TEST(OggOpusReaderBudget, CorruptPagesBetweenValidOnesFailCumulatively) {
+  // A large page with a bad CRC after every valid one: each costs a CRC over ~64 KB for nothing.
+  OggOpusWriter w;
+  std::vector<Bytes> pages;
+  write_stream(std::vector<float>(40 * kFrame, 0.1f), w, true, false, &pages);
+  Bytes bad = make_page(w.serial() ^ 7, 0, 0, 0, {Bytes(250 * 255 - 1, 0x33)});
+  bad[100] ^= 1;
+  OggOpusReader r;
+  size_t sent = 0;
+  for (size_t k = 0; k < pages.size() && !r.failed(); ++k, ++sent) {
+    r.push(pages[k].data(), pages[k].size());
+    r.push(bad.data(), bad.size());
+  }
+  ASSERT_TRUE(r.failed());
+  EXPECT_EQ(r.error().rfind("bad pages:", 0), 0u) << r.error();
+  // 1 MiB of allowance (plus the valid bytes) holds 16 such pages, not 17.
+  EXPECT_EQ(sent, 17u);
+  EXPECT_EQ(r.available(), 15u * kFrame);  // the audio pages before (pages 0 and 1 are headers)
+}
+
+TEST(OggOpusReaderBudget, FloodOfPacketsWithoutAudioFails) {
+  // Valid pages, each full of invalid Opus packets (or empty ones): CPU for no audio.
+  for (const Bytes& bad : {Bytes{0x03, 0x00}, Bytes{}}) {
+    OggOpusReader r;
+    uint32_t seq = 0;
+    for (int page = 0; page < 400 && !r.failed(); ++page) {
+      const Bytes p = make_page(77, seq++, 0, 0, std::vector<Bytes>(200, bad));
+      r.push(p.data(), p.size());
+    }
+    ASSERT_TRUE(r.failed()) << bad.size();
+    EXPECT_EQ(r.error().rfind("packets without audio:", 0), 0u) << r.error();
+    EXPECT_EQ(r.silent_packets(), OggOpusReader::kSilentPacketAllowance + 1);
+    EXPECT_LE(seq, 2u);
+  }
+}
+
+TEST(OggOpusReaderBudget, RealMinuteOfSpeechWithGlitchesDecodesToTheEnd) {
+  // A minute of speech (the sample, repeated) from our writer, with a few flipped bits, truncated
+  // pages, lost pages and short garbage runs: it decodes to the end.
+  const std::vector<float> once = speech_24k();
+  std::vector<float> speech;
+  while (speech.size() < 60 * 24000) append(speech, once);
+  speech.resize(60 * 24000);
+  OggOpusWriter w;
+  std::vector<Bytes> pages;
+  write_stream(speech, w, true, true, &pages);
+  ASSERT_EQ(pages.size(), 2u + 750u + 1u);
+  std::mt19937 rng(21);
+  const std::vector<size_t> damaged = {40, 41, 200, 333, 500, 640, 700, 749};
+  const Bytes s = with_damage(pages, damaged, [&](Bytes& p, size_t k) {
+    if (k % 3 == 0) p[27 + p[26] + rng() % (p.size() - 27 - p[26])] ^= 0x20;  // bad CRC
+    if (k % 3 == 1) p.resize(p.size() / 3);                                   // truncated
+    if (k % 3 == 2) p.clear();                                                // lost
+  });
+  Bytes dirty;
+  for (size_t at = 0; at < s.size(); at += 3000) {  // garbage runs of up to 2000 bytes
+    append(dirty, Bytes(s.begin() + static_cast<std::ptrdiff_t>(at),
+                        s.begin() + static_cast<std::ptrdiff_t>(std::min(s.size(), at + 3000))));
+    if (at % 90000 == 0) {
+      for (size_t i = rng() % 2000; i > 0; --i) dirty.push_back(static_cast<uint8_t>(rng()));
+    }
+  }
+  OggOpusReader r;
+  std::vector<float> out;
+  for (size_t at = 0; at < dirty.size(); at += 1000) {
+    r.push(dirty.data() + at, std::min<size_t>(1000, dirty.size() - at));
+    r.read(out);
+  }
+  ASSERT_FALSE(r.failed()) << r.error();
+  EXPECT_GE(r.errors(), damaged.size());
+  // Every page but the damaged ones, and the ones a garbage run fell into, decoded.
+  EXPECT_GE(out.size(), (750u - damaged.size() - 25u) * kFrame);
+  EXPECT_LE(out.size(), 750u * kFrame + 240);
+  EXPECT_EQ((r.packets() - 1) * kFrame + 240, out.size());  // the last (10 ms) page is there
 }

@@ -6,9 +6,10 @@
 //
 // Client -> server: OggOpusReader takes the client's byte stream in arbitrary chunks (the browser
 // sends one page per message: 20 ms packets, two per page; other clients may send anything),
-// checks every page's CRC, reassembles packets across pages, skips OpusHead/OpusTags, decodes at
-// the model rate (mono) and queues the PCM. Bad input is skipped and counted, never fatal to the
-// process; memory stays bounded whatever arrives.
+// finds and CRC-checks pages with libogg, reassembles packets across pages, skips
+// OpusHead/OpusTags, decodes at the model rate (mono) and queues the PCM. Bad input is skipped and
+// counted, never fatal to the process; memory and the work wasted on bad input stay bounded
+// whatever arrives.
 //
 // Neither class is thread-safe: each belongs to one session and is used by one thread at a time.
 #pragma once
@@ -27,9 +28,8 @@ namespace ppx {
 
 // ---- Ogg container ----
 
-// Ogg's CRC-32: polynomial 0x04C11DB7, MSB first (no reflection), initial value 0, no final xor.
-// Continue a running CRC by passing the previous result as `crc`.
-uint32_t ogg_crc32(const uint8_t* data, size_t n, uint32_t crc = 0);
+// Ogg pages are read and written with libogg (RFC 3533 framing, CRC); these are the parts of the
+// format our policy code needs.
 
 // Ogg page header_type flags.
 inline constexpr uint8_t kOggContinued = 0x01;  // first packet continues one from the last page
@@ -38,14 +38,6 @@ inline constexpr uint8_t kOggEos = 0x04;        // end of stream
 
 // Size of the largest possible Ogg page: 27-byte header, 255 lacing values, 255 * 255 body bytes.
 inline constexpr size_t kOggMaxPageBytes = 27 + 255 + 255 * 255;
-
-// Builds one complete Ogg page (version 0, CRC set) holding `packets`, each whole and laced
-// (a packet whose size is a multiple of 255 gets a terminating 0 lacing value). `header_type` is a
-// combination of the kOgg* flags. Throws ppx::Error when the packets need more than 255 lacing
-// values (more than about 64 KiB in all).
-std::vector<uint8_t> make_ogg_page(uint32_t serial, uint32_t sequence, int64_t granule,
-                                   uint8_t header_type,
-                                   const std::vector<std::vector<uint8_t>>& packets);
 
 // ---- Opus header packets (RFC 7845 §5) ----
 
@@ -185,14 +177,22 @@ class OggOpusWriter {
   bool finished() const { return finished_; }
 
  private:
-  std::vector<uint8_t> page_for(const float* pcm, int n, uint8_t flags, bool end_trim);
+  struct Stream;  // libogg's ogg_stream_state
+  struct StreamFree {
+    void operator()(Stream* s) const;
+  };
+  std::vector<uint8_t> page_for(const float* pcm, int n, bool eos, bool end_trim);
+  // One packet -> one page (ogg_stream_packetin + ogg_stream_flush); advances next_seq_.
+  std::vector<uint8_t> page_of(std::vector<uint8_t>& packet, int64_t granule, bool eos);
 
   int sample_rate_;
   int channels_;
   opus::Encoder enc_;
+  std::unique_ptr<Stream, StreamFree> os_;
   uint32_t serial_ = 0;
   int pre_skip_ = 0;
-  uint32_t next_seq_ = 2;
+  uint32_t next_seq_ = 0;
+  int64_t packetno_ = 0;
   int64_t granule_ = 0;           // 48 kHz samples of all packets written
   int64_t input_samples_48_ = 0;  // 48 kHz samples of real (non-flush) input
   bool finished_ = false;
@@ -226,15 +226,38 @@ class OggOpusWriter {
 //    again. Other pages of a foreign serial are skipped.
 //  - Memory: undecoded input held is at most about two Ogg pages (~128 KiB); a partial packet at
 //    most kMaxPacketBytes; decoded PCM at most max_buffered_samples.
+//  - Work: a valid page costs one CRC pass over its bytes. The work wasted on bad input is
+//    budgeted for the whole stream (never reset by a valid page; allowances grow with the valid
+//    input, so a long real stream with a few glitches stays far inside them), which keeps all
+//    CRC work below 1 MiB + twice the input and all other work linear in the input:
+//     * garbage: bytes skipped outside valid pages <= kGarbageAllowance + valid page bytes /
+//       kGarbageValidShare. Skipping is cheap, but a stream that is not Ogg is not worth keeping.
+//     * bad pages: bytes CRC-checked in candidate pages that failed (bad CRC, or version != 0)
+//       <= kBadPageAllowance + valid page bytes / kBadPageValidShare. A fake header costs up to
+//       64 KiB of CRC to advance a few bytes; this bounds that amplification for good.
+//     * packets without audio: invalid Opus, empty and header packets <= kSilentPacketAllowance +
+//       audio packets / kSilentPacketAudioShare. Every other packet yields at least 2.5 ms of
+//       audio (the shortest Opus frame) at a decode cost proportional to its duration, so decoder
+//       work stays proportional to the audio produced.
 //  - failed() becomes true, for good, when the stream is unusable: decoded PCM exceeds
-//    max_buffered_samples (the consumer is not keeping up), kMaxUnsyncedBytes of input arrive
-//    without one valid page, or OpusHead announces a multistream layout. After that push() ignores
-//    input; PCM already decoded can still be read. error() says why.
+//    max_buffered_samples (the consumer is not keeping up), a work budget above is exceeded, or
+//    OpusHead announces a multistream layout. After that push() ignores input and the input
+//    buffer is released; PCM already decoded can still be read. error() says why, starting with
+//    the cause ("garbage: ...", "bad pages: ...", "packets without audio: ...").
 class OggOpusReader {
  public:
   static constexpr size_t kMaxPacketBytes = 65536;  // above any valid Opus packet (48 x 1275 B)
-  static constexpr size_t kMaxUnsyncedBytes = size_t{1} << 20;      // 1 MiB without a valid page
   static constexpr size_t kDefaultMaxBufferedSamples = 30 * 24000;  // 30 s at 24 kHz
+  // Work budgets (see above). The fixed garbage allowance is what used to be allowed between two
+  // valid pages; 1 MiB of wasted CRC is well under 1 ms of one core. A real client's glitch (a
+  // lost, cut or corrupted page) wastes about one page (~0.1-4 KiB) of each, and an invalid Opus
+  // packet is a client bug, so the fixed parts alone cover many glitches.
+  static constexpr uint64_t kGarbageAllowance = uint64_t{1} << 20;
+  static constexpr uint64_t kGarbageValidShare = 4;  // + 1 byte per 4 valid bytes
+  static constexpr uint64_t kBadPageAllowance = uint64_t{1} << 20;
+  static constexpr uint64_t kBadPageValidShare = 1;  // + 1 byte per valid byte
+  static constexpr uint64_t kSilentPacketAllowance = 64;
+  static constexpr uint64_t kSilentPacketAudioShare = 16;  // + 1 per 16 audio packets
 
   // sample_rate: output rate, one of libopus's (8/12/16/24/48 kHz); output is mono.
   // Throws ppx::Error on a bad rate or a zero cap.
@@ -263,25 +286,38 @@ class OggOpusReader {
   // Pre-skip in samples at sample_rate(), from OpusHead; 0 when there was none. Not applied.
   int pre_skip() const;
   int sample_rate() const { return sample_rate_; }
-  size_t buffered_bytes() const { return buf_.size() - pos_; }  // undecoded input held
+  size_t buffered_bytes() const;  // undecoded input held
+
+  // Work done so far on bad input, as charged to the budgets.
+  uint64_t garbage_bytes() const { return garbage_bytes_; }
+  uint64_t bad_page_bytes() const { return bad_page_bytes_; }
+  uint64_t silent_packets() const { return silent_packets_; }
+  uint64_t valid_bytes() const { return valid_bytes_; }  // bytes of valid pages
 
  private:
+  struct Sync;  // libogg's ogg_sync_state
+  struct SyncFree {
+    void operator()(Sync* s) const;
+  };
   void parse_pages();
-  void on_page(const uint8_t* page);  // a whole page, CRC checked
+  void on_page(const uint8_t* header, const uint8_t* body);  // a whole page, CRC checked
   void on_packet(const uint8_t* data, size_t n);
   void start_stream(uint32_t serial, uint32_t seq);
   void skip_garbage(size_t n);
+  void charge_bad_page(size_t bytes);
+  void charge_silent_packet();
   void fail(const std::string& why);
 
   int sample_rate_;
   size_t max_buffered_samples_;
   opus::Decoder dec_;
+  bool dec_dirty_ = false;    // the decoder has state to reset for a new stream
   std::vector<float> frame_;  // decode scratch, max_frame_samples()
 
-  std::vector<uint8_t> buf_;  // undecoded input; [pos_, end) not yet parsed
-  size_t pos_ = 0;
-  size_t unsynced_bytes_ = 0;  // input skipped since the last valid page
-  bool in_garbage_ = false;    // inside a run of skipped bytes (counted once)
+  std::unique_ptr<Sync, SyncFree> sync_;  // undecoded input, page search and CRC
+  bool in_garbage_ = false;               // inside a run of skipped bytes (counted once)
+  uint64_t valid_bytes_ = 0, garbage_bytes_ = 0, bad_page_bytes_ = 0;
+  uint64_t silent_packets_ = 0;
 
   bool have_stream_ = false;
   uint32_t serial_ = 0;

@@ -1,11 +1,23 @@
 // OggOpusReader: client Ogg Opus byte stream -> mono PCM (contract in ppx/ogg_opus.h).
 //
-// Input is appended to buf_ in slices of at most kPushSlice bytes and parsed after each slice, so
-// buf_ never holds more than one incomplete page plus one slice. Parsing looks for "OggS", waits
-// until the whole page (header, lacing table, body) is there, checks its CRC, and on any failure
-// moves on by one byte only: a fake capture pattern inside garbage must not swallow the real pages
-// that follow it. Packets are cut from the lacing values (a value below 255 ends a packet) and
-// may continue across pages; partial_ carries the head of such a packet.
+// Pages: libogg's ogg_sync_state holds the input (ogg_sync_buffer/ogg_sync_wrote, in slices of at
+// most kPushSlice bytes) and ogg_sync_pageseek finds pages and checks their CRC. On a failed
+// candidate it moves on to the next 'O' only, so a fake capture pattern inside garbage cannot
+// swallow the real pages that follow it. It CRC-checks every complete candidate before skipping
+// it, which is where hostile input gets its leverage: before each call we look at the candidate
+// (the public fields data/returned/fill) and, when pageseek then skips, charge the bytes its CRC
+// covered to the bad-page budget.
+//
+// Packets: we cut them ourselves from the lacing values of each libogg-verified page (a value
+// below 255 ends a packet; partial_ carries a packet continuing onto the next page), rather than
+// using ogg_stream_state, because (1) libogg's stream buffer grows without limit for a packet
+// continued over endless pages, and capping it would mean mirroring its lacing logic before each
+// ogg_stream_pagein anyway, while here the partial packet is dropped at kMaxPacketBytes as it
+// grows; (2) on a page that does not continue a packet the previous page left open, libogg
+// appends the new segments to the stale partial packet, where we drop it and count an error;
+// (3) errors() counts gaps, bad continuations and oversized packets exactly as before.
+
+#include <ogg/ogg.h>
 
 #include <algorithm>
 #include <cstring>
@@ -15,11 +27,19 @@
 
 namespace ppx {
 
+struct OggOpusReader::Sync {
+  ogg_sync_state oy;
+};
+
+void OggOpusReader::SyncFree::operator()(Sync* s) const {
+  ogg_sync_clear(&s->oy);
+  delete s;
+}
+
 namespace {
 
 constexpr size_t kHeaderBytes = 27;
 constexpr size_t kPushSlice = 64 * 1024;
-constexpr uint8_t kCapture[4] = {'O', 'g', 'g', 'S'};
 
 uint32_t get_u32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
@@ -29,15 +49,34 @@ bool starts_with(const uint8_t* p, size_t n, const char* tag) {
   return n >= 8 && std::memcmp(p, tag, 8) == 0;
 }
 
+// Size of the candidate page at p when all of it is there (what ogg_sync_pageseek will CRC),
+// else 0.
+size_t complete_candidate(const uint8_t* p, size_t avail) {
+  if (avail < kHeaderBytes || std::memcmp(p, "OggS", 4) != 0) return 0;
+  const size_t nseg = p[26];
+  if (avail < kHeaderBytes + nseg) return 0;
+  size_t size = kHeaderBytes + nseg;
+  for (size_t i = 0; i < nseg; ++i) size += p[kHeaderBytes + i];
+  return avail < size ? 0 : size;
+}
+
 }  // namespace
 
 OggOpusReader::OggOpusReader(int sample_rate, size_t max_buffered_samples)
-    : sample_rate_(sample_rate), max_buffered_samples_(max_buffered_samples), dec_(sample_rate, 1) {
+    : sample_rate_(sample_rate),
+      max_buffered_samples_(max_buffered_samples),
+      dec_(sample_rate, 1),
+      sync_(new Sync{}) {
   if (max_buffered_samples_ == 0) throw Error("Ogg Opus reader: PCM cap must be positive");
   frame_.resize(static_cast<size_t>(dec_.max_frame_samples()));
+  ogg_sync_init(&sync_->oy);
 }
 
 OggOpusReader::~OggOpusReader() = default;
+
+size_t OggOpusReader::buffered_bytes() const {
+  return static_cast<size_t>(sync_->oy.fill - sync_->oy.returned);
+}
 
 int OggOpusReader::pre_skip() const { return head_ ? head_->pre_skip / (48000 / sample_rate_) : 0; }
 
@@ -45,85 +84,99 @@ void OggOpusReader::fail(const std::string& why) {
   if (failed_) return;
   failed_ = true;
   error_ = why;
-  partial_.clear();  // buf_ is released by push(), which may be inside parse_pages() now
+  partial_.clear();  // the sync buffer is released by push(), which may be inside parse_pages()
 }
 
 void OggOpusReader::push(const uint8_t* data, size_t n) {
   if (failed_ || data == nullptr) return;
+  ogg_sync_state& oy = sync_->oy;
   while (n > 0 && !failed_) {
     const size_t k = std::min(n, kPushSlice);
-    buf_.insert(buf_.end(), data, data + k);
+    // Compacts what was parsed; what remains is at most one incomplete page, so the buffer stays
+    // below two pages (plus libogg's 4 KiB of slack).
+    char* dst = ogg_sync_buffer(&oy, static_cast<long>(k));
+    if (dst == nullptr) {
+      fail("Ogg Opus reader: no memory for the input buffer");
+      break;
+    }
+    std::memcpy(dst, data, k);
+    ogg_sync_wrote(&oy, static_cast<long>(k));
     data += k;
     n -= k;
     parse_pages();
-    // Drop what was parsed; what remains is at most one incomplete page (or 3 bytes of a
-    // possible capture pattern), so this moves little.
-    buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos_));
-    pos_ = 0;
-    if (buffered_bytes() > 2 * kOggMaxPageBytes) {  // cannot happen; a hard stop if it does
+    if (buffered_bytes() > kOggMaxPageBytes) {  // cannot happen; a hard stop if it does
       fail("Ogg Opus reader: internal buffer overflow");
     }
   }
-  if (failed_) {
-    buf_.clear();
-    buf_.shrink_to_fit();
-    pos_ = 0;
-  }
+  if (failed_) ogg_sync_clear(&oy);  // back to an empty, zeroed state: nothing held
 }
 
 void OggOpusReader::skip_garbage(size_t n) {
   if (!in_garbage_) ++errors_;  // one error per run of skipped bytes
   in_garbage_ = true;
-  pos_ += n;
-  unsynced_bytes_ += n;
-  if (unsynced_bytes_ > kMaxUnsyncedBytes) {
-    fail("Ogg Opus reader: no valid Ogg page in " + std::to_string(unsynced_bytes_) +
-         " bytes of input");
+  garbage_bytes_ += n;
+  const uint64_t allowed = kGarbageAllowance + valid_bytes_ / kGarbageValidShare;
+  if (garbage_bytes_ > allowed) {
+    fail("garbage: " + std::to_string(garbage_bytes_) + " bytes of input were no valid Ogg page " +
+         "(allowed: " + std::to_string(kGarbageAllowance) + " + 1/" +
+         std::to_string(kGarbageValidShare) + " of " + std::to_string(valid_bytes_) +
+         " valid bytes)");
+  }
+}
+
+void OggOpusReader::charge_bad_page(size_t bytes) {
+  ++errors_;  // one error for the bad page; the bytes skipped after it are part of it
+  in_garbage_ = true;
+  bad_page_bytes_ += bytes;
+  const uint64_t allowed = kBadPageAllowance + valid_bytes_ / kBadPageValidShare;
+  if (bad_page_bytes_ > allowed) {
+    fail("bad pages: " + std::to_string(bad_page_bytes_) +
+         " bytes CRC-checked in corrupt Ogg pages (allowed: " + std::to_string(kBadPageAllowance) +
+         " + 1/" + std::to_string(kBadPageValidShare) + " of " + std::to_string(valid_bytes_) +
+         " valid bytes)");
+  }
+}
+
+void OggOpusReader::charge_silent_packet() {
+  ++silent_packets_;
+  const uint64_t allowed = kSilentPacketAllowance + packets_ / kSilentPacketAudioShare;
+  if (silent_packets_ > allowed) {
+    fail("packets without audio: " + std::to_string(silent_packets_) +
+         " invalid, empty or header Opus packets (allowed: " +
+         std::to_string(kSilentPacketAllowance) + " + 1/" +
+         std::to_string(kSilentPacketAudioShare) + " of " + std::to_string(packets_) +
+         " audio packets)");
   }
 }
 
 void OggOpusReader::parse_pages() {
+  ogg_sync_state& oy = sync_->oy;
   while (!failed_) {
-    const uint8_t* p = buf_.data() + pos_;
-    const size_t avail = buf_.size() - pos_;
-    if (avail < 4) return;
-    if (std::memcmp(p, kCapture, 4) != 0) {
-      // Skip to the next capture pattern; keep a tail that could be its first bytes.
-      const uint8_t* end = p + avail;
-      const uint8_t* hit = std::search(p + 1, end, kCapture, kCapture + 4);
-      skip_garbage(hit == end ? avail - 3 : static_cast<size_t>(hit - p));
+    // What pageseek is about to CRC-check, if it gets that far.
+    const size_t candidate =
+        complete_candidate(oy.data + oy.returned, static_cast<size_t>(oy.fill - oy.returned));
+    ogg_page og;
+    const long got = ogg_sync_pageseek(&oy, &og);
+    if (got == 0) return;  // needs more input
+    if (got < 0) {         // skipped: garbage, or a candidate whose CRC failed
+      if (candidate > 0) charge_bad_page(candidate);
+      if (!failed_) skip_garbage(static_cast<size_t>(-got));
       continue;
     }
-    if (avail < kHeaderBytes) return;
-    if (p[4] != 0) {  // stream structure version: only 0 exists
-      skip_garbage(1);
-      continue;
-    }
-    const size_t nseg = p[26];
-    if (avail < kHeaderBytes + nseg) return;
-    size_t body = 0;
-    for (size_t i = 0; i < nseg; ++i) body += p[kHeaderBytes + i];
-    const size_t size = kHeaderBytes + nseg + body;
-    if (avail < size) return;
-    uint32_t crc = ogg_crc32(p, 22);
-    const uint8_t zeros[4] = {0, 0, 0, 0};
-    crc = ogg_crc32(zeros, 4, crc);
-    crc = ogg_crc32(p + 26, size - 26, crc);
-    if (crc != get_u32(p + 22)) {
-      ++errors_;  // one error for the bad page; the bytes skipped after it are part of it
-      in_garbage_ = true;
-      skip_garbage(1);
+    if (ogg_page_version(&og) != 0) {  // only version 0 exists: not a page of any stream
+      charge_bad_page(static_cast<size_t>(got));
+      if (!failed_) skip_garbage(static_cast<size_t>(got));
       continue;
     }
     in_garbage_ = false;
-    unsynced_bytes_ = 0;
-    on_page(p);
-    pos_ += size;
+    valid_bytes_ += static_cast<uint64_t>(got);
+    on_page(og.header, og.body);
   }
 }
 
 void OggOpusReader::start_stream(uint32_t serial, uint32_t seq) {
-  if (have_stream_) dec_.reset();
+  if (dec_dirty_) dec_.reset();  // only after decoding: chaining empty streams costs no resets
+  dec_dirty_ = false;
   have_stream_ = true;
   serial_ = serial;
   next_seq_ = seq;
@@ -135,7 +188,7 @@ void OggOpusReader::start_stream(uint32_t serial, uint32_t seq) {
   dec_.set_gain_q8(0);
 }
 
-void OggOpusReader::on_page(const uint8_t* page) {
+void OggOpusReader::on_page(const uint8_t* page, const uint8_t* body) {
   const uint8_t flags = page[5];
   const uint32_t serial = get_u32(page + 14);
   const uint32_t seq = get_u32(page + 18);
@@ -166,7 +219,6 @@ void OggOpusReader::on_page(const uint8_t* page) {
 
   const size_t nseg = page[26];
   const uint8_t* lacing = page + kHeaderBytes;
-  const uint8_t* body = lacing + nseg;
   size_t off = 0;
   for (size_t i = 0; i < nseg; ++i) {
     const size_t len = lacing[i];
@@ -192,6 +244,8 @@ void OggOpusReader::on_page(const uint8_t* page) {
 void OggOpusReader::on_packet(const uint8_t* data, size_t n) {
   const uint64_t index = stream_packets_++;
   if (starts_with(data, n, "OpusHead")) {
+    charge_silent_packet();
+    if (failed_) return;
     if (index != 0) return;  // a stray copy: skipped, like upstream
     head_ = OpusHead::parse(data, n);
     if (!head_) {
@@ -206,11 +260,15 @@ void OggOpusReader::on_packet(const uint8_t* data, size_t n) {
     dec_.set_gain_q8(head_->output_gain_q8);
     return;
   }
-  if (starts_with(data, n, "OpusTags")) return;
-  if (n == 0) return;  // no audio in it (RFC 6716 packets have at least a TOC byte)
+  if (starts_with(data, n, "OpusTags") || n == 0) {  // n == 0: not even a TOC byte, no audio
+    charge_silent_packet();
+    return;
+  }
   const int got = dec_.decode(data, n, frame_.data());
+  dec_dirty_ = true;
   if (got < 0) {
     ++errors_;
+    charge_silent_packet();
     return;
   }
   ++packets_;

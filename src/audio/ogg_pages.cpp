@@ -1,8 +1,7 @@
-// Ogg pages (RFC 3533) and the Opus header packets (RFC 7845 §5): CRC, page building, OpusHead
-// and OpusTags.
+// The Opus header packets (RFC 7845 §5): OpusHead and OpusTags. Ogg pages themselves (framing,
+// CRC) are libogg's: see ogg_opus_reader.cpp and the writer in opus_codec.cpp.
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
 #include "ppx/error.h"
@@ -11,18 +10,6 @@
 namespace ppx {
 
 namespace {
-
-constexpr std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t r = i << 24;
-    for (int b = 0; b < 8; ++b) r = (r & 0x80000000u) ? (r << 1) ^ 0x04C11DB7u : r << 1;
-    t[i] = r;
-  }
-  return t;
-}
-
-constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
 
 void put_u16(std::vector<uint8_t>& v, uint32_t x) {
   v.push_back(static_cast<uint8_t>(x));
@@ -39,43 +26,6 @@ uint32_t get_u32(const uint8_t* p) {
 }
 
 }  // namespace
-
-uint32_t ogg_crc32(const uint8_t* data, size_t n, uint32_t crc) {
-  for (size_t i = 0; i < n; ++i) crc = (crc << 8) ^ kCrcTable[((crc >> 24) ^ data[i]) & 0xFF];
-  return crc;
-}
-
-std::vector<uint8_t> make_ogg_page(uint32_t serial, uint32_t sequence, int64_t granule,
-                                   uint8_t header_type,
-                                   const std::vector<std::vector<uint8_t>>& packets) {
-  std::vector<uint8_t> lacing;
-  size_t body = 0;
-  for (const auto& p : packets) {
-    for (size_t left = p.size(); left >= 255; left -= 255) lacing.push_back(255);
-    lacing.push_back(static_cast<uint8_t>(p.size() % 255));
-    body += p.size();
-  }
-  if (lacing.size() > 255) {
-    throw Error("Ogg page: packets of " + std::to_string(body) + " bytes need " +
-                std::to_string(lacing.size()) + " lacing values (at most 255)");
-  }
-  std::vector<uint8_t> page(27 + lacing.size() + body);
-  uint8_t* h = page.data();
-  std::memcpy(h, "OggS", 4);
-  h[4] = 0;  // stream structure version
-  h[5] = header_type;
-  const auto g = static_cast<uint64_t>(granule);
-  for (int i = 0; i < 8; ++i) h[6 + i] = static_cast<uint8_t>(g >> (8 * i));
-  for (int i = 0; i < 4; ++i) h[14 + i] = static_cast<uint8_t>(serial >> (8 * i));
-  for (int i = 0; i < 4; ++i) h[18 + i] = static_cast<uint8_t>(sequence >> (8 * i));
-  // h[22..25]: CRC, computed over the page with this field zero
-  h[26] = static_cast<uint8_t>(lacing.size());
-  uint8_t* d = std::copy(lacing.begin(), lacing.end(), h + 27);
-  for (const auto& p : packets) d = std::copy(p.begin(), p.end(), d);
-  const uint32_t crc = ogg_crc32(page.data(), page.size());
-  for (int i = 0; i < 4; ++i) page[22 + i] = static_cast<uint8_t>(crc >> (8 * i));
-  return page;
-}
 
 std::vector<uint8_t> OpusHead::serialize() const {
   if (mapping_family != 0) throw Error("OpusHead: only channel mapping family 0 is written");

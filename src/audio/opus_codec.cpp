@@ -1,5 +1,9 @@
-// libopus RAII wrappers and the Ogg Opus writer (server -> client audio).
+// libopus RAII wrappers and the Ogg Opus writer (server -> client audio). The writer lays out its
+// pages with libogg: each packet goes in with ogg_stream_packetin and out on a page of its own
+// with ogg_stream_flush, which sets BOS on the first page, EOS on the page of a packet marked e_o_s
+// and the page's granule from the packet's.
 
+#include <ogg/ogg.h>
 #include <opus.h>
 
 #include <algorithm>
@@ -107,20 +111,34 @@ void Decoder::reset() { opus_decoder_ctl(dec_.get(), OPUS_RESET_STATE); }
 
 // ---- OggOpusWriter ----
 
+struct OggOpusWriter::Stream {
+  ogg_stream_state os;
+};
+
+void OggOpusWriter::StreamFree::operator()(Stream* s) const {
+  ogg_stream_clear(&s->os);
+  delete s;
+}
+
 OggOpusWriter::OggOpusWriter(int sample_rate, int channels, int bitrate_bps)
     : sample_rate_(sample_rate),
       channels_(channels),
-      enc_(sample_rate, channels, opus::Application::kVoip, bitrate_bps) {
+      enc_(sample_rate, channels, opus::Application::kVoip, bitrate_bps),
+      os_(new Stream{}) {
   std::random_device rd;
   serial_ = rd();
   pre_skip_ = enc_.lookahead() * (48000 / sample_rate_);
+  if (ogg_stream_init(&os_->os, static_cast<int>(serial_)) != 0) {
+    throw Error("Ogg Opus writer: libogg stream init failed");
+  }
 
   OpusHead head;
   head.channels = channels_;
   head.pre_skip = pre_skip_;
   head.input_sample_rate = static_cast<uint32_t>(sample_rate_);
-  head_page_ = make_ogg_page(serial_, 0, 0, kOggBos, {head.serialize()});
-  tags_page_ = make_ogg_page(serial_, 1, 0, 0, {make_opus_tags("personaplex-cpp")});
+  std::vector<uint8_t> head_packet = head.serialize(), tags = make_opus_tags("personaplex-cpp");
+  head_page_ = page_of(head_packet, 0, false);  // seq 0, BOS (libogg flags the first page)
+  tags_page_ = page_of(tags, 0, false);         // seq 1
 }
 
 std::vector<uint8_t> OggOpusWriter::headers() const {
@@ -129,8 +147,29 @@ std::vector<uint8_t> OggOpusWriter::headers() const {
   return out;
 }
 
-std::vector<uint8_t> OggOpusWriter::page_for(const float* pcm, int n, uint8_t flags,
-                                             bool end_trim) {
+std::vector<uint8_t> OggOpusWriter::page_of(std::vector<uint8_t>& packet, int64_t granule,
+                                            bool eos) {
+  ogg_packet op{};
+  op.packet = packet.data();
+  op.bytes = static_cast<long>(packet.size());
+  op.b_o_s = packetno_ == 0;
+  op.e_o_s = eos;
+  op.granulepos = granule;
+  op.packetno = packetno_++;
+  if (ogg_stream_packetin(&os_->os, &op) != 0)
+    throw Error("Ogg Opus writer: libogg packetin failed");
+  // Our packets (at most opus::kMaxPacketBytes, 16 lacing values) always fit one page.
+  std::vector<uint8_t> page;
+  ogg_page og;
+  while (ogg_stream_flush(&os_->os, &og) != 0) {
+    page.insert(page.end(), og.header, og.header + og.header_len);
+    page.insert(page.end(), og.body, og.body + og.body_len);
+    ++next_seq_;
+  }
+  return page;
+}
+
+std::vector<uint8_t> OggOpusWriter::page_for(const float* pcm, int n, bool eos, bool end_trim) {
   if (finished_) throw Error("Ogg Opus writer: encode_frame after finish");
   if (n <= 0 || n > sample_rate_ * 120 / 1000) {
     throw Error("Ogg Opus writer: frame of " + std::to_string(n) + " samples at " +
@@ -151,12 +190,12 @@ std::vector<uint8_t> OggOpusWriter::page_for(const float* pcm, int n, uint8_t fl
   } else {
     input_samples_48_ += samples_48;
   }
-  return make_ogg_page(serial_, next_seq_++, page_granule, flags, {packet});
+  return page_of(packet, page_granule, eos);
 }
 
 std::vector<uint8_t> OggOpusWriter::encode_frame(const float* pcm, int n) {
   if (!pcm) throw Error("Ogg Opus writer: null PCM");
-  return page_for(pcm, n, 0, false);
+  return page_for(pcm, n, false, false);
 }
 
 std::vector<uint8_t> OggOpusWriter::finish() {
@@ -165,7 +204,7 @@ std::vector<uint8_t> OggOpusWriter::finish() {
   // pre_skip + input, lies between the previous page's granule (input) and the decoded total.
   int flush_ms = 10;
   while (flush_ms < 80 && flush_ms * 48 < pre_skip_) flush_ms *= 2;
-  std::vector<uint8_t> page = page_for(nullptr, sample_rate_ * flush_ms / 1000, kOggEos, true);
+  std::vector<uint8_t> page = page_for(nullptr, sample_rate_ * flush_ms / 1000, true, true);
   granule_ = pre_skip_ + input_samples_48_;
   finished_ = true;
   return page;
