@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <random>
 
+#include "ppx/audio.h"
+#include "ppx/conversation.h"
 #include "ppx/error.h"
 #include "ppx/pt_reader.h"
 #include "ppx/safetensors.h"
@@ -39,25 +41,41 @@ struct Entry {
   uint32_t method = 0;  // written as is; the data is never actually compressed
 };
 
-std::string make_zip(const std::vector<Entry>& entries) {
-  std::string out, cd;
-  for (const Entry& e : entries) {
-    const auto off = static_cast<uint32_t>(out.size());
-    const uint32_t crc = crc32_bitwise(e.data), size = static_cast<uint32_t>(e.data.size());
-    const auto name_len = static_cast<uint32_t>(e.name.size());
-    put(&out, {{0x04034b50u, 4}, {20, 2}, {0, 2}, {e.method, 2}, {0, 4}, {crc, 4}, {size, 4},
-               {size, 4}, {name_len, 2}, {0, 2}});
-    out += e.name + e.data;
-    put(&cd, {{0x02014b50u, 4}, {20, 2}, {20, 2}, {0, 2}, {e.method, 2}, {0, 4}, {crc, 4},
-              {size, 4}, {size, 4}, {name_len, 2}, {0, 2}, {0, 2}, {0, 2}, {0, 2}, {0, 4},
-              {off, 4}});
-    cd += e.name;
-  }
-  const auto cd_off = static_cast<uint32_t>(out.size()), n = static_cast<uint32_t>(entries.size());
+// A local file header followed by the entry's data.
+std::string local_entry(const Entry& e) {
+  std::string out;
+  const uint32_t crc = crc32_bitwise(e.data), size = static_cast<uint32_t>(e.data.size());
+  put(&out, {{0x04034b50u, 4}, {20, 2}, {0, 2}, {e.method, 2}, {0, 4}, {crc, 4}, {size, 4},
+             {size, 4}, {static_cast<uint32_t>(e.name.size()), 2}, {0, 2}});
+  return out + e.name + e.data;
+}
+
+// The central-directory record of `e`, whose local header is at `off`.
+std::string cd_record(const Entry& e, uint32_t off) {
+  std::string cd;
+  const uint32_t crc = crc32_bitwise(e.data), size = static_cast<uint32_t>(e.data.size());
+  put(&cd, {{0x02014b50u, 4}, {20, 2}, {20, 2}, {0, 2}, {e.method, 2}, {0, 4}, {crc, 4},
+            {size, 4}, {size, 4}, {static_cast<uint32_t>(e.name.size()), 2}, {0, 2}, {0, 2},
+            {0, 2}, {0, 2}, {0, 4}, {off, 4}});
+  return cd + e.name;
+}
+
+// Local entries, then the central directory `cd` of `n` records, then the end record.
+std::string finish_zip(std::string out, const std::string& cd, uint32_t n) {
+  const auto cd_off = static_cast<uint32_t>(out.size());
   out += cd;
   put(&out, {{0x06054b50u, 4}, {0, 2}, {0, 2}, {n, 2}, {n, 2},
              {static_cast<uint32_t>(cd.size()), 4}, {cd_off, 4}, {0, 2}});
   return out;
+}
+
+std::string make_zip(const std::vector<Entry>& entries) {
+  std::string out, cd;
+  for (const Entry& e : entries) {
+    cd += cd_record(e, static_cast<uint32_t>(out.size()));
+    out += local_entry(e);
+  }
+  return finish_zip(out, cd, static_cast<uint32_t>(entries.size()));
 }
 
 // A torch.save-like archive "archive/..." holding `pkl` and storages data/<key>.
@@ -428,4 +446,79 @@ TEST(PtReader, RefusesNonTensorStructures) {
   expect_error(
       zip("\x80\x02}" + str("a") + glob("torch._utils", "_rebuild_tensor_v2") + "(K\x01tRs."),
       "unexpected arguments");
+}
+
+// Hardening: each of these failed (loaded, or failed for another reason) before the fix.
+
+TEST(PtReader, CountsEveryCopyOfATensorStoredUnderSeveralKeys) {
+  // One memoized 2^24-element int64 tensor (128 MiB once converted; a stride-0 view of a single
+  // element) stored under three keys would be materialized three times (384 MiB): over the
+  // 256 MiB budget, refused at the third key.
+  const std::vector<int64_t> one = {7};
+  const std::string t = tensor("LongStorage", "0", 1, 0, {1 << 24}, {0});
+  const std::string pkl = "\x80\x02}(" + str("a") + t + "q\x09" + str("b") + "h\x09" + str("c") +
+                          "h\x09u.";
+  expect_error(torch_zip(pkl, {{"0", raw(one)}}), "more than 256 MiB");
+}
+
+TEST(PtReader, RefusesOverlappingZipEntries) {
+  // Entry data/0's bytes are data/1's local header and data: both CRCs are right, but the bytes
+  // of data/1 are read (and checksummed) twice. With 65535 such entries the CRC work would be
+  // unbounded; any overlap is refused.
+  const std::vector<float> s(12, 1.0f);
+  const Entry inner{"archive/data/1", raw(s)};
+  const Entry outer{"archive/data/0", local_entry(inner)};
+  const std::string pkl = dict_of({{"a", tensor("ByteStorage", "0", static_cast<int64_t>(outer.data.size()), 0, {1}, {1})},
+                                   {"b", tensor("FloatStorage", "1", 12, 0, {12}, {1})}});
+  const Entry head{"archive/data.pkl", pkl};
+  std::string out = local_entry(head);
+  const auto outer_off = static_cast<uint32_t>(out.size());
+  out += local_entry(outer);
+  const auto inner_off = static_cast<uint32_t>(outer_off + 30 + outer.name.size());
+  const std::string cd = cd_record(head, 0) + cd_record(outer, outer_off) + cd_record(inner, inner_off);
+  expect_error(finish_zip(out, cd, 3), "overlap");
+  // The same entries laid out one after the other load.
+  const auto t = read_pt_tensors(write_tmp("pt_disjoint.pt", make_zip({head, outer, inner})));
+  EXPECT_EQ(t.at("b").f32, s);
+  // Two directory records for one local entry (different names cannot share a local header,
+  // so the second record's name disagrees with it or duplicates the first).
+  const std::string twice = cd_record(head, 0) + cd_record(outer, outer_off) + cd_record(outer, outer_off);
+  expect_error(finish_zip(out, twice, 3), "zip entry 'archive/data/0'");
+}
+
+TEST(PtReader, VoiceFilesOverTheSizeCapAreRefusedBeforeReading) {
+  // 64 MiB + 1 byte, sparse: refused by size, naming the file and the cap, for both voice kinds.
+  for (const char* name : {"voice_huge.pt", "voice_huge.wav"}) {
+    const std::string path = test::scratch(name);
+    std::filesystem::remove(path);
+    test::write_bytes(path, {});
+    std::filesystem::resize_file(path, (uint64_t{64} << 20) + 1);
+    try {
+      if (std::string(name).ends_with(".pt")) load_voice_embeddings(path);
+      else prepare_voice_audio(path);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find("64 MiB"), std::string::npos) << msg;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(PtReader, ReadsFromMemoryLikeFromAFile) {
+  const std::string bytes = golden_bytes("voice_tiny_a_cuda.pt");
+  const auto from_file = read_pt_tensors(test::data("voice_tiny_a_cuda.pt"));
+  const auto from_bytes = read_pt_tensors_from_bytes(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "in-memory voice");
+  ASSERT_EQ(from_bytes.size(), 2u);
+  EXPECT_EQ(from_bytes.at("embeddings").f32, from_file.at("embeddings").f32);
+  EXPECT_EQ(from_bytes.at("cache").i64, from_file.at("cache").i64);
+  try {
+    read_pt_tensors_from_bytes(reinterpret_cast<const uint8_t*>(bytes.data()), 100, "cut voice");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'cut voice'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_pt_tensors_from_bytes(nullptr, 0, "empty"), Error);
 }

@@ -2,6 +2,7 @@
 // resampling with soxr (very high quality), channel selection.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -52,11 +53,19 @@ double upstream_loudness_lufs(const std::vector<float>& mono, int sample_rate);
 std::vector<float> normalize_loudness(const std::vector<float>& mono, int sample_rate,
                                       double target_lufs = -24.0);
 
+// Voice prompt files, audio or .pt embeddings, larger than this are refused before being read
+// (a real PersonaPlex voice .pt is a few MiB; 64 MiB is 23 minutes of 24 kHz 16-bit mono).
+inline constexpr uint64_t kMaxVoiceFileBytes = uint64_t{64} << 20;
+// Throws ppx::Error naming `path` and the cap when `path` is larger than kMaxVoiceFileBytes
+// (a missing or unreadable file is left to the reader to report).
+void check_voice_file_size(const std::string& path);
+
 // Whole voice-prompt audio preparation, in upstream's order: read the file (any format, rate and
 // channel count libsndfile reads), take channel 0, resample to `sample_rate` (soxr), normalise to
 // -24 LUFS with normalize_loudness at `sample_rate`, then zero-pad the end to a multiple of
 // `frame_samples` (nothing added when already a multiple). Throws ppx::Error naming the file when
-// it cannot be read or decoded, holds no samples, or is shorter than 400 ms after resampling
+// it is larger than kMaxVoiceFileBytes (checked before reading), cannot be read or decoded,
+// holds no samples, or is shorter than 400 ms after resampling
 // (upstream's pyloudnorm raises "Audio must have length greater than the block size"). Silent
 // audio of 400 ms or more comes back as zeros (upstream would produce NaN samples).
 // Upstream normalises all channels together and pyloudnorm then rejects anything but mono

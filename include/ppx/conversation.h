@@ -23,7 +23,8 @@ struct VoiceEmbeddings {
   std::vector<int64_t> cache;
 };
 
-// Reads a PersonaPlex voice file (`embeddings` [n,1,1,dim], `cache` [1,K,CT]). Throws ppx::Error.
+// Reads a PersonaPlex voice file (`embeddings` [n,1,1,dim], `cache` [1,K,CT]). Throws ppx::Error,
+// also for a file over kMaxVoiceFileBytes (ppx/audio.h), before reading it.
 VoiceEmbeddings load_voice_embeddings(const std::string& path);
 
 struct SystemPrompt {

@@ -9,13 +9,21 @@
 //
 // Storage locations (`cpu`, `cuda:0`, ...) are ignored: the bytes are read from the archive, so no
 // GPU is needed. Every zip offset and size, storage size, tensor offset and stride is checked
-// before use; CRC32 of every entry read is verified. Pickle size (16 MiB), stack, memo, tuple and
-// nesting sizes are capped so a hostile file cannot exhaust memory or the call stack, and tensors
-// hold at most 2^31 elements in total (stride-0 views can expand a small storage up to that).
+// before use. Limits against hostile files (real voice prompts, a few MiB, are far below all):
+//  - zip: every entry's bytes, from its local header to the end of its data, must be disjoint
+//    from every other entry's (so no byte is read through two entries); the CRC32 of every entry
+//    read is verified, once, and at most 1 GiB is checksummed in all.
+//  - pickle: at most 16 MiB; stack, memo, tuple and nesting sizes are capped so a hostile file
+//    cannot exhaust memory or the call stack.
+//  - tensors: at most 2^28 elements per storage and per tensor, and at most 256 MiB of returned
+//    tensor data in all (4 bytes per float element, 8 per integer element), counted before
+//    anything is allocated. Stride-0 views can expand a small storage up to that, and a tensor
+//    stored under several dict keys is returned (and counted) once per key.
 // Zip64 archives (those that actually need Zip64 fields) and compressed entries are refused.
 // Little-endian hosts only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -36,5 +44,10 @@ struct PtTensor {
 // mapping str -> tensor. Tensors are gathered from their storage honoring storage offset and
 // strides. Throws ppx::Error naming the file and what was unexpected.
 std::map<std::string, PtTensor> read_pt_tensors(const std::string& path);
+
+// The same from the `size` bytes at `data` (the whole file, in memory); error messages name the
+// archive `name`. read_pt_tensors reads the file and calls this.
+std::map<std::string, PtTensor> read_pt_tensors_from_bytes(const uint8_t* data, size_t size,
+                                                           const std::string& name);
 
 }  // namespace ppx

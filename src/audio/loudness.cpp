@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <numbers>
@@ -166,8 +167,19 @@ std::vector<float> normalize_loudness(const std::vector<float>& mono, int sample
   return out;
 }
 
+void check_voice_file_size(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxVoiceFileBytes) {
+    throw Error("voice prompt '" + path + "': file is " + std::to_string(size) +
+                " bytes, over the " + std::to_string(kMaxVoiceFileBytes >> 20) +
+                " MiB cap for voice files");
+  }
+}
+
 std::vector<float> prepare_voice_audio(const std::string& path, int sample_rate,
                                        int frame_samples) {
+  check_voice_file_size(path);
   if (sample_rate <= 0 || frame_samples <= 0) {
     throw Error("voice prompt '" + path + "': bad sample rate or frame size");
   }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <unordered_map>
 
 #include "ppx/error.h"
@@ -23,7 +24,13 @@ static_assert(std::endian::native == std::endian::little, "pt_reader assumes a l
 // Limits against hostile files; real voice prompts are far below all of them.
 constexpr uint64_t kMaxFileBytes = (4ull << 30) + (1ull << 20);  // more needs Zip64
 constexpr uint64_t kMaxPickleBytes = 16ull << 20;  // torch writes ~300 bytes per tensor
-constexpr int64_t kMaxElements = int64_t{1} << 28;  // per storage; also all tensors together (real voices: ~1M)
+constexpr int64_t kMaxElements = int64_t{1} << 28;  // per storage and per tensor (real voices: ~1M)
+// All tensors as returned (4 bytes per float element, 8 per integer one), every key of a tensor
+// stored under several keys counted again: real voices need ~4 MiB.
+constexpr uint64_t kMaxMaterializedBytes = 256ull << 20;
+// Bytes CRC-checked in all: entries are disjoint and each is checked once, so this only bounds
+// files that are mostly referenced storage (real voices: a few MiB).
+constexpr uint64_t kMaxChecksummedBytes = 1ull << 30;
 constexpr size_t kMaxStack = 1 << 16;
 constexpr size_t kMaxMarks = 64;
 constexpr size_t kMaxMemo = 1 << 16;
@@ -89,30 +96,41 @@ struct ZipEntry {
   uint64_t data;  // offset of the first data byte
   uint64_t size;
   uint32_t crc;
+  bool checked = false;  // CRC32 verified
 };
 
 struct Archive {
   std::string path;
-  std::vector<uint8_t> bytes;
+  const uint8_t* bytes = nullptr;  // the whole file, owned by the caller
+  uint64_t n_bytes = 0;
   std::map<std::string, ZipEntry> entries;
+  uint64_t checksummed = 0;  // bytes CRC-checked so far (kMaxChecksummedBytes)
 
   [[noreturn]] void fail(const std::string& what) const { ppx::fail(path, what); }
 
-  // Returns the bytes of entry `name` after checking its CRC32; null when there is no such entry.
-  const uint8_t* read(const std::string& name, uint64_t* size) const {
+  // Returns the bytes of entry `name` after checking its CRC32 (once per entry, within the
+  // checksum budget); null when there is no such entry.
+  const uint8_t* read(const std::string& name, uint64_t* size) {
     const auto it = entries.find(name);
     if (it == entries.end()) return nullptr;
-    const ZipEntry& e = it->second;
-    const uint8_t* p = bytes.data() + e.data;
-    if (crc32(p, e.size) != e.crc) fail("CRC32 mismatch in zip entry " + printable(name));
+    ZipEntry& e = it->second;
+    const uint8_t* p = bytes + e.data;
+    if (!e.checked) {
+      checksummed += e.size;
+      if (checksummed > kMaxChecksummedBytes) {
+        fail("entries to checksum exceed " + std::to_string(kMaxChecksummedBytes >> 20) + " MiB");
+      }
+      if (crc32(p, e.size) != e.crc) fail("CRC32 mismatch in zip entry " + printable(name));
+      e.checked = true;
+    }
     *size = e.size;
     return p;
   }
 };
 
 void parse_zip(Archive* ar) {
-  const uint8_t* b = ar->bytes.data();
-  const uint64_t n = ar->bytes.size();
+  const uint8_t* b = ar->bytes;
+  const uint64_t n = ar->n_bytes;
   if (n >= 2 && b[0] == 0x80 && b[1] <= 5) {
     ar->fail("file is in the legacy (non-zip) torch.save format, which is not supported; "
              "re-save it with a current PyTorch");
@@ -159,6 +177,11 @@ void parse_zip(Archive* ar) {
   }
   uint64_t p = cd_off;
   const uint64_t cd_end = uint64_t{cd_off} + cd_size;
+  struct Span {
+    uint64_t begin, end;  // [local header, end of data)
+    std::string name;
+  };
+  std::vector<Span> spans;
   for (unsigned i = 0; i < n_total; ++i) {
     const std::string what_i = std::to_string(i);
     if (cd_end - p < 46 || rd32(b + p) != 0x02014b50u) {
@@ -195,9 +218,20 @@ void parse_zip(Archive* ar) {
     if (!ar->entries.emplace(name, ZipEntry{data, usize, crc}).second) {
       ar->fail("duplicate " + what);
     }
+    spans.push_back({loff, data + usize, name});
     p += rec_len;
   }
   if (p != cd_end) ar->fail("central directory size disagrees with its entries");
+  // Entries must not share bytes: otherwise a small file could name the same bytes up to 65535
+  // times, and checksumming them would take unbounded time.
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& x, const Span& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].begin < spans[i - 1].end) {
+      ar->fail("zip entries " + printable(spans[i - 1].name) + " and " + printable(spans[i].name) +
+               " overlap");
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,7 +273,7 @@ ValuePtr make_value(Kind k, int64_t i = 0) {
 
 class Unpickler {
  public:
-  Unpickler(const Archive& ar, std::string prefix, const uint8_t* p, uint64_t n)
+  Unpickler(Archive& ar, std::string prefix, const uint8_t* p, uint64_t n)
       : ar_(ar), prefix_(std::move(prefix)), p_(p), n_(n) {}
 
   // Runs the pickle to its STOP opcode and returns the single object it built.
@@ -309,7 +343,19 @@ class Unpickler {
   ValuePtr rebuild_tensor(const std::vector<ValuePtr>& a);
   void set_item(const ValuePtr& dict, const ValuePtr& key, const ValuePtr& value);
 
-  const Archive& ar_;
+  // Counts `bytes` more of returned tensor data against kMaxMaterializedBytes, before allocating.
+  void materialize(uint64_t bytes) {
+    materialized_bytes_ += bytes;
+    if (materialized_bytes_ > kMaxMaterializedBytes) {
+      fail("tensors take more than " + std::to_string(kMaxMaterializedBytes >> 20) +
+           " MiB once converted (a tensor stored under several keys counts once per key)");
+    }
+  }
+  static uint64_t tensor_bytes(const PtTensor& t) {
+    return t.f32.size() * sizeof(float) + t.i64.size() * sizeof(int64_t);
+  }
+
+  Archive& ar_;
   const std::string prefix_;  // "<name>/"
   const uint8_t* p_;
   const uint64_t n_;
@@ -319,7 +365,8 @@ class Unpickler {
   std::vector<size_t> marks_;  // stack sizes at each open MARK
   std::unordered_map<uint32_t, ValuePtr> memo_;
   std::map<std::string, ValuePtr> storages_;  // by key
-  int64_t total_elements_ = 0;
+  uint64_t materialized_bytes_ = 0;
+  std::set<const Value*> stored_;  // tensors already stored under some dict key
   size_t tuple_items_ = 0;
 };
 
@@ -445,8 +492,6 @@ ValuePtr Unpickler::rebuild_tensor(const std::vector<ValuePtr>& a) {
       fail(what + ": more than 2^28 elements");
     }
   }
-  total_elements_ += numel;
-  if (total_elements_ > kMaxElements) fail("the file holds more than 2^28 tensor elements");
   if (offset < 0 || offset > st.numel) {
     fail(what + ": storage offset " + std::to_string(offset) + " is outside a storage of " +
          std::to_string(st.numel));
@@ -467,6 +512,7 @@ ValuePtr Unpickler::rebuild_tensor(const std::vector<ValuePtr>& a) {
   }
   const bool is_float = st.dtype == DType::kF32 || st.dtype == DType::kF16 ||
                         st.dtype == DType::kBF16;
+  materialize(static_cast<uint64_t>(numel) * (is_float ? sizeof(float) : sizeof(int64_t)));
   if (is_float) t.f32.resize(static_cast<size_t>(numel));
   else t.i64.resize(static_cast<size_t>(numel));
   const size_t esz = dtype_size(st.dtype);
@@ -507,6 +553,8 @@ void Unpickler::set_item(const ValuePtr& dict, const ValuePtr& key, const ValueP
          ", not a tensor");
   }
   if (!dict->entries.emplace(key->s, value).second) fail("duplicate key " + printable(key->s));
+  // The reader returns one copy per key: count every key after the first.
+  if (!stored_.insert(value.get()).second) materialize(tensor_bytes(value->tensor));
 }
 
 ValuePtr Unpickler::run() {
@@ -625,29 +673,37 @@ ValuePtr Unpickler::run() {
 }  // namespace
 
 std::map<std::string, PtTensor> read_pt_tensors(const std::string& path) {
-  Archive ar;
-  ar.path = path;
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) ar.fail("cannot open: no such regular file");
+  if (!std::filesystem::is_regular_file(path, ec)) fail(path, "cannot open: no such regular file");
   const uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) ar.fail("cannot stat: " + ec.message());
-  if (size > kMaxFileBytes) ar.fail("file is larger than 4 GiB; Zip64 archives are not supported");
-  ar.bytes.resize(size);
+  if (ec) fail(path, "cannot stat: " + ec.message());
+  if (size > kMaxFileBytes) fail(path, "file is larger than 4 GiB; Zip64 archives are not supported");
+  std::vector<uint8_t> bytes(size);
   std::ifstream f(path, std::ios::binary);
-  if (!f.read(reinterpret_cast<char*>(ar.bytes.data()), static_cast<std::streamsize>(size))) {
-    ar.fail("read error");
+  if (!f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
+    fail(path, "read error");
   }
+  return read_pt_tensors_from_bytes(bytes.data(), bytes.size(), path);
+}
+
+std::map<std::string, PtTensor> read_pt_tensors_from_bytes(const uint8_t* data, size_t size,
+                                                           const std::string& name) {
+  Archive ar;
+  ar.path = name;
+  if (size > kMaxFileBytes) ar.fail("file is larger than 4 GiB; Zip64 archives are not supported");
+  ar.bytes = data;
+  ar.n_bytes = size;
   parse_zip(&ar);
 
   // The archive's folder: the one entry named "<prefix>/data.pkl" with a single-component prefix.
   std::string prefix;
   for (const auto& kv : ar.entries) {
-    const std::string& name = kv.first;
-    const size_t slash = name.find('/');
+    const std::string& entry = kv.first;
+    const size_t slash = entry.find('/');
     if (slash == 0 || slash == std::string::npos) continue;
-    if (name.compare(slash, std::string::npos, "/data.pkl") != 0) continue;
+    if (entry.compare(slash, std::string::npos, "/data.pkl") != 0) continue;
     if (!prefix.empty()) ar.fail("archive holds several data.pkl entries");
-    prefix = name.substr(0, slash + 1);
+    prefix = entry.substr(0, slash + 1);
   }
   if (prefix.empty()) ar.fail("archive has no <name>/data.pkl entry (not a torch.save file)");
   uint64_t n = 0;
@@ -663,7 +719,8 @@ std::map<std::string, PtTensor> read_pt_tensors(const std::string& path) {
   if (top->kind != Kind::kDict) {
     ar.fail(std::string("top-level object is a ") + kind_name(top->kind) + ", not a dict");
   }
-  // Tensors move out; one stored under several keys is copied from where it went first.
+  // Tensors move out; one stored under several keys is copied from where it went first (each
+  // copy was counted against kMaxMaterializedBytes by set_item).
   std::map<std::string, PtTensor> out;
   std::map<const Value*, std::string> moved;
   for (const auto& [key, value] : top->entries) {

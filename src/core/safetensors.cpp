@@ -146,7 +146,7 @@ std::vector<float> SafeTensors::to_f32(const std::string& name) const {
   std::vector<float> out(n);
   switch (ti.dtype) {
     case DType::kF32:
-      std::memcpy(out.data(), p, n * 4);
+      if (n > 0) std::memcpy(out.data(), p, n * 4);  // memcpy(nullptr, ...) is UB even for 0 bytes
       break;
     case DType::kBF16:
       for (size_t i = 0; i < n; ++i) {
@@ -206,7 +206,7 @@ namespace ppx {
 
 TensorBlob blob_f32(const std::vector<int64_t>& shape, const std::vector<float>& v) {
   TensorBlob b{DType::kF32, shape, std::vector<uint8_t>(v.size() * 4)};
-  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  if (!v.empty()) std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
   return b;
 }
 
@@ -221,7 +221,7 @@ TensorBlob blob_bf16(const std::vector<int64_t>& shape, const std::vector<float>
 
 TensorBlob blob_i64(const std::vector<int64_t>& shape, const std::vector<int64_t>& v) {
   TensorBlob b{DType::kI64, shape, std::vector<uint8_t>(v.size() * 8)};
-  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  if (!v.empty()) std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
   return b;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "ppx/audio.h"
 #include "ppx/error.h"
 #include "ppx/lm.h"
 #include "ppx/pt_reader.h"
@@ -10,6 +11,7 @@
 namespace ppx {
 
 VoiceEmbeddings load_voice_embeddings(const std::string& path) {
+  check_voice_file_size(path);
   const auto t = read_pt_tensors(path);
   auto get = [&](const char* name) -> const PtTensor& {
     auto it = t.find(name);
