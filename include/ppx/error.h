@@ -12,4 +12,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The compute device is unusable for the rest of the process (a sticky CUDA error such as an
+// illegal address or a failed launch): every later call on it fails too. A server that sees one
+// stops serving and exits non-zero so that its supervisor restarts it.
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& what) : Error(what) {}
+};
+
 }  // namespace ppx

@@ -2,11 +2,14 @@
 // Loads the model once, listens, prints "listening on http://HOST:PORT" when ready, and serves
 // until SIGINT or SIGTERM.
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
@@ -14,6 +17,15 @@
 #include "server/server.h"
 
 namespace {
+
+// Many connections need many descriptors: raise the soft limit to the hard one.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
 
 int serve(int argc, char** argv) {
   CLI::App app{"PersonaPlex real-time speech-to-speech server (WebSocket /api/chat)"};
@@ -39,6 +51,27 @@ int serve(int argc, char** argv) {
   app.add_option("--io-threads", o.io_threads, "network threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  app.add_option("--max-connections", o.max_connections,
+                 "open client connections (HTTP and WebSocket); beyond it a 503 or an immediate "
+                 "close (default: 4 per session slot + 64, within the file-descriptor limit)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--api-key", o.api_key,
+                 "require this key on /api/* (query api_key=KEY or Authorization: Bearer KEY); "
+                 "/health stays open")
+      ->envname("PERSONAPLEX_API_KEY");
+  app.add_flag("--metrics-auth", o.metrics_auth, "/metrics requires the API key too");
+  app.add_option("--allowed-origin", o.allowed_origins,
+                 "accept WebSocket upgrades only from these Origin values (repeatable; requests "
+                 "without an Origin header, i.e. non-browser clients, are accepted)");
+  app.add_option("--drain-timeout", o.drain_timeout_s,
+                 "on SIGINT/SIGTERM: refuse new sessions, let live ones go on this many seconds, "
+                 "then end them (a second signal exits at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--max-session-duration", o.max_session_duration_s,
+                 "end a conversation after this many seconds (0: unlimited)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 31.0 * 86400.0));
   app.add_option("--ssl", o.ssl_dir,
                  "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
                  "microphone except on localhost")
@@ -51,6 +84,10 @@ int serve(int argc, char** argv) {
   if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
     throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
   if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
+  if (app.count("--api-key") && o.api_key.empty())
+    throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
+  if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
+  raise_fd_limit();
   mf.codec_slots = o.max_sessions;
 
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
@@ -76,11 +113,30 @@ int serve(int argc, char** argv) {
   std::printf("open %s://%s:%u/ in a browser to talk to the model\n", scheme,
               any || o.host == "127.0.0.1" ? "localhost" : o.host.c_str(), port);
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  std::fprintf(stderr, "signal %d: stopping\n", sig);
-  server.stop();
-  return 0;
+  // The first signal drains (new sessions refused, live ones go on for --drain-timeout), the
+  // second exits at once. The signal thread never touches the server after serve() returns.
+  static std::mutex server_mu;
+  static ppx::server::Server* live = &server;
+  std::thread([sigs] {
+    for (int count = 0;; ++count) {
+      int sig = 0;
+      if (sigwait(&sigs, &sig) != 0) continue;
+      if (count > 0) {
+        std::fprintf(stderr, "signal %d again: exiting now\n", sig);
+        std::_Exit(128 + sig);
+      }
+      std::fprintf(stderr, "signal %d: draining, then stopping (again to exit now)\n", sig);
+      std::lock_guard<std::mutex> lk(server_mu);
+      if (live) live->shutdown();
+    }
+  }).detach();
+  const int code = server.wait();
+  {
+    std::lock_guard<std::mutex> lk(server_mu);
+    live = nullptr;
+  }
+  std::fprintf(stderr, code == 0 ? "server stopped cleanly\n" : "server stopped: device error\n");
+  return code;
 }
 
 }  // namespace

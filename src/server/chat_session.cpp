@@ -17,7 +17,6 @@ namespace ppx::server {
 
 namespace {
 
-constexpr size_t kMaxQueuedInputBytes = size_t{8} << 20;  // audio not yet consumed by the worker
 const char* const kDefaultTextPrompt =
     "You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
     "engaging way.";
@@ -115,6 +114,10 @@ std::string parse_chat_params(const std::string& query, const ServerOptions& opt
   return "";
 }
 
+std::vector<uint8_t> message_of(uint8_t kind, const std::string& text) {
+  return message(kind, text.data(), text.size());
+}
+
 std::vector<uint8_t> message(uint8_t kind, const void* data, size_t n) {
   std::vector<uint8_t> m(1 + n);
   m[0] = kind;
@@ -122,17 +125,38 @@ std::vector<uint8_t> message(uint8_t kind, const void* data, size_t n) {
   return m;
 }
 
-int SessionHub::acquire_slot() {
+int SessionHub::acquire_slot(const std::shared_ptr<ChatSession>& s) {
   std::lock_guard<std::mutex> lk(mu);
-  if (stopping) return -1;
+  if (stopping || draining || !device_error.empty()) return -2;
   for (size_t i = 0; i < slot_used.size(); ++i) {
     if (!slot_used[i]) {
       slot_used[i] = true;
       ++in_use;
+      ++workers;
+      sessions.remove_if([](const std::weak_ptr<ChatSession>& w) { return w.expired(); });
+      sessions.push_back(s);
       return static_cast<int>(i);
     }
   }
   return -1;
+}
+
+void SessionHub::start_worker(int slot, std::function<void()> body) {
+  std::thread previous;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    previous = std::move(slot_threads[static_cast<size_t>(slot)]);
+  }
+  // The previous worker released this slot as its last step: it is finishing now.
+  if (previous.joinable()) previous.join();
+  std::unique_lock<std::mutex> lk(mu);  // held so the new worker cannot release before it is stored
+  try {
+    slot_threads[static_cast<size_t>(slot)] = std::thread(std::move(body));
+  } catch (...) {
+    lk.unlock();
+    release_slot(slot);
+    throw;
+  }
 }
 
 void SessionHub::release_slot(int slot) {
@@ -148,49 +172,78 @@ int SessionHub::sessions_in_use() {
   return in_use;
 }
 
-void ChatSession::kill() {
+void SessionHub::kill_all(SessionEnd why, const std::string& message) {
+  std::list<std::weak_ptr<ChatSession>> live;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    live = sessions;
+  }
+  for (auto& w : live)
+    if (auto s = w.lock()) s->kill(why, message);
+}
+
+std::string SessionHub::unavailable() {
+  std::lock_guard<std::mutex> lk(mu);
+  if (!device_error.empty()) return "device failed: " + device_error;
+  if (draining || stopping) return "draining";
+  return "";
+}
+
+void ChatSession::kill(SessionEnd why, const std::string& message) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    alive_ = false;
+    if (alive_) {
+      alive_ = false;
+      end_ = why;
+      end_message_ = message;
+    }
   }
   cv_.notify_all();
 }
 
-void ChatSession::begin(const std::string& query) {
-  ChatParams p;
-  const std::string err = parse_chat_params(query, hub_->opts, hub_->model, p);
-  if (!err.empty()) return reject(err);
-  const int slot = hub_->acquire_slot();
-  if (slot < 0)
-    return reject("server busy: all " + std::to_string(hub_->opts.max_sessions) +
-                  " sessions in use");
-  hub_->metrics.session_started();
-  std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
-               p.voice_path.c_str(), p.text_prompt.size());
-  {
-    std::lock_guard<std::mutex> lk(hub_->mu);
-    ++hub_->workers;
-    hub_->sessions.remove_if([](const std::weak_ptr<ChatSession>& w) { return w.expired(); });
-    hub_->sessions.push_back(weak_from_this());
-  }
-  std::thread([self = shared_from_this(), slot, p = std::move(p)]() mutable {
-    self->worker(slot, std::move(p));
-  }).detach();
+SessionEnd ChatSession::killed(std::string& detail) {
+  std::lock_guard<std::mutex> lk(mu_);
+  detail = end_message_;
+  return end_;
 }
 
-void ChatSession::reject(const std::string& why) {
+void ChatSession::begin(const std::string& query) {
+  try {
+    ChatParams p;
+    const std::string err = parse_chat_params(query, hub_->opts, hub_->model, p);
+    if (!err.empty()) return reject(Rejection::kBadRequest, err);
+    const int slot = hub_->acquire_slot(shared_from_this());
+    if (slot == -1)
+      return reject(Rejection::kBusy, "server busy: all " +
+                                          std::to_string(hub_->opts.max_sessions) +
+                                          " sessions in use");
+    if (slot < 0) return reject(Rejection::kDraining, "server unavailable: " + hub_->unavailable());
+    std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
+                 p.voice_path.c_str(), p.text_prompt.size());
+    hub_->start_worker(slot, [self = shared_from_this(), slot, p = std::move(p)] {
+      self->worker(slot, p);
+    });
+    hub_->metrics.session_started();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "session setup failed: %s\n", e.what());
+    reject(Rejection::kInternalError, std::string("internal error: ") + e.what());
+  }
+}
+
+void ChatSession::reject(Rejection why, const std::string& message) {
   hub_->metrics.rejected(why);
-  enqueue(message(kError, why.data(), why.size()));
+  kill(SessionEnd::kClientLeft);
+  enqueue(message_of(kError, message));
   enqueue_close();
 }
 
 bool ChatSession::on_client_audio(const uint8_t* data, size_t n) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (queued_bytes_ + n > kMaxQueuedInputBytes) return false;
+    const size_t cost = n + kMessageOverheadBytes;
+    if (queued_bytes_ + cost > kMaxQueuedInputBytes) return false;
     in_.emplace_back(data, data + n);
-    queued_bytes_ += n;
-    last_audio_ = Clock::now();
+    queued_bytes_ += cost;
   }
   cv_.notify_all();
   return true;
@@ -201,26 +254,74 @@ bool ChatSession::alive() {
   return alive_;
 }
 
-void ChatSession::worker(int slot, ChatParams p) {
+void ChatSession::worker(int slot, const ChatParams& p) {
   const auto t0 = Clock::now();
-  std::string why;
+  SessionEnd why = SessionEnd::kSessionError;
+  std::string text;
   try {
-    why = run(slot, p);
+    why = run(slot, p, text);
+  } catch (const DeviceError& e) {
+    why = SessionEnd::kDeviceError;
+    text = std::string("device error: ") + e.what();
+    if (hub_->on_device_error) hub_->on_device_error(e.what());
   } catch (const std::exception& e) {
-    why = std::string("session failed: ") + e.what();
-    send_error(why);
+    why = SessionEnd::kSessionError;
+    text = std::string("session failed: ") + e.what();
   }
-  std::fprintf(stderr, "session (slot %d): ended after %.1f s, %lld frames: %s\n", slot,
-               std::chrono::duration<double>(Clock::now() - t0).count(),
-               static_cast<long long>(frames_), why.c_str());
-  hub_->metrics.session_ended(why);
-  enqueue_close();
+  try {
+    if (why != SessionEnd::kClientLeft && why != SessionEnd::kClientLeftDuringPrompts)
+      send_error(text);
+    std::fprintf(stderr, "session (slot %d): ended after %.1f s, %lld frames: %s%s%s\n", slot,
+                 std::chrono::duration<double>(Clock::now() - t0).count(),
+                 static_cast<long long>(frames_), label(why), text.empty() ? "" : ": ",
+                 text.c_str());
+    hub_->metrics.session_ended(why);
+    enqueue_close();
+  } catch (const std::exception&) {
+    // Out of memory while saying goodbye: the slot is released all the same.
+  }
   hub_->release_slot(slot);
 }
 
-std::string ChatSession::run(int slot, const ChatParams& p) {
+bool ChatSession::pump_input(OggOpusReader& reader, SessionEnd& why, std::string& detail) {
+  std::deque<std::vector<uint8_t>> batch;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!alive_) {
+      why = end_;
+      detail = end_message_;
+      return false;
+    }
+    batch.swap(in_);
+    queued_bytes_ = 0;
+  }
+  for (const auto& b : batch) reader.push(b.data(), b.size());
+  if (reader.failed()) {
+    why = SessionEnd::kBadAudio;
+    detail = "bad audio stream: " + reader.error();
+    return false;
+  }
+  return true;
+}
+
+SessionEnd ChatSession::run(int slot, const ChatParams& p, std::string& detail) {
   const ServerModel& m = hub_->model;
+  const ServerOptions& o = hub_->opts;
   const int sr = m.sample_rate, fs = m.frame_samples;
+  const auto t_start = Clock::now();
+  const auto max_duration = std::chrono::duration<double>(o.max_session_duration_s);
+  auto over_duration = [&] {
+    if (o.max_session_duration_s <= 0 || Clock::now() - t_start < max_duration) return false;
+    detail = "maximum session duration reached (" + fmt_seconds(o.max_session_duration_s) + ")";
+    return true;
+  };
+  // Why the session ended before its handshake (a client leaving then is counted as such).
+  auto ended_early = [&] {
+    const SessionEnd k = killed(detail);
+    return k == SessionEnd::kClientLeft ? SessionEnd::kClientLeftDuringPrompts : k;
+  };
+  // A client that left at once (connect/reset churn) costs no model state.
+  if (!alive()) return ended_early();
   SystemPrompt prompt;
   if (!p.voice_path.empty()) {
     if (p.voice_path.size() > 3 && p.voice_path.compare(p.voice_path.size() - 3, 3, ".pt") == 0)
@@ -237,54 +338,65 @@ std::string ChatSession::run(int slot, const ChatParams& p) {
     codec = m.backend->codec_stream(slot);
     stepper = m.backend->lm_stepper(p.gen, p.seed);
   }
+  if (!alive()) return ended_early();
   Conversation conv(*codec, *stepper, p.gen);
-  const auto ping_every = std::chrono::duration<double>(hub_->opts.ping_interval_s);
+  OggOpusReader reader(sr);
+  const auto ping_every = std::chrono::duration<double>(o.ping_interval_s);
   auto last_ping = Clock::now();
+  SessionEnd why = SessionEnd::kClientLeftDuringPrompts;
+  // Audio sent before the handshake is decoded (so the Ogg stream stays in sync and the input
+  // queue stays bounded) and dropped: the model cannot hear it yet.
   const bool done = conv.run_system_prompts(prompt, [&](int64_t, int64_t) {
-    if (!alive()) return false;
+    if (over_duration()) {
+      why = SessionEnd::kMaxDuration;
+      return false;
+    }
+    if (!pump_input(reader, why, detail)) return false;
+    reader.take(reader.available());
     if (Clock::now() - last_ping >= ping_every) {
-      enqueue(message(kPing));
+      enqueue(message_of(kPing));
       last_ping = Clock::now();
     }
     return true;
   });
-  if (!done || !alive()) return "client left during the system prompts";
+  if (!done) return why == SessionEnd::kClientLeft ? SessionEnd::kClientLeftDuringPrompts : why;
+  if (!alive()) return ended_early();
+  reader.take(reader.available());
 
   OggOpusWriter writer(sr);
-  OggOpusReader reader(sr);
-  enqueue(message(kHandshake));
+  enqueue(message_of(kHandshake));
   enqueue(message(kAudio, writer.head_page().data(), writer.head_page().size()));
   enqueue(message(kAudio, writer.tags_page().data(), writer.tags_page().size()));
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    last_audio_ = Clock::now();
-  }
-  const auto idle = std::chrono::duration<double>(hub_->opts.idle_timeout_s);
-  std::deque<std::vector<uint8_t>> batch;
+  auto last_activity = Clock::now();
+  const auto idle = std::chrono::duration<double>(o.idle_timeout_s);
+  // Pacing: a session may run ahead of real time (since its handshake) by kBurstFrames at most,
+  // so a client that sends audio faster than real time gets no more compute than a real-time
+  // one; its surplus waits in the reader (bounded: beyond it the stream fails).
+  const auto t_conv = Clock::now();
+  const auto frame_dur = std::chrono::duration<double>(static_cast<double>(fs) / sr);
+  auto frame_due = [&](int64_t k) {
+    return t_conv + std::chrono::duration_cast<Clock::duration>(frame_dur * static_cast<double>(
+                                                                                std::max<int64_t>(0, k - kBurstFrames)));
+  };
   while (true) {
-    Clock::time_point last;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return !alive_ || !in_.empty(); });
-      if (!alive_) return "client gone";
-      batch.swap(in_);
-      queued_bytes_ = 0;
-      last = last_audio_;
+      const bool paced = reader.available() >= static_cast<size_t>(fs);
+      const auto until = paced ? std::min(frame_due(frames_), Clock::now() + std::chrono::milliseconds(100))
+                               : Clock::now() + std::chrono::milliseconds(100);
+      cv_.wait_until(lk, until, [&] { return !alive_ || (!paced && !in_.empty()); });
     }
-    if (batch.empty() && Clock::now() - last > idle) {
-      const std::string why =
-          "idle timeout: no audio received for " + fmt_seconds(hub_->opts.idle_timeout_s);
-      send_error(why);
-      return why;
+    if (over_duration()) return SessionEnd::kMaxDuration;
+    const size_t before = reader.available();
+    if (!pump_input(reader, why, detail)) return why;
+    // Audio decoded, or paced audio still waiting, is activity.
+    if (reader.available() > before || reader.available() >= static_cast<size_t>(fs))
+      last_activity = Clock::now();
+    if (Clock::now() - last_activity > idle) {
+      detail = "idle timeout: no audio received for " + fmt_seconds(o.idle_timeout_s);
+      return SessionEnd::kIdleTimeout;
     }
-    for (const auto& b : batch) reader.push(b.data(), b.size());
-    batch.clear();
-    if (reader.failed()) {
-      const std::string why = "bad audio stream: " + reader.error();
-      send_error(why);
-      return why;
-    }
-    while (reader.available() >= static_cast<size_t>(fs)) {
+    while (reader.available() >= static_cast<size_t>(fs) && Clock::now() >= frame_due(frames_)) {
       const std::vector<float> pcm = reader.take(static_cast<size_t>(fs));
       const auto t_frame = Clock::now();
       const auto fr = conv.step(pcm.data());
@@ -308,7 +420,7 @@ std::string ChatSession::run(int slot, const ChatParams& p) {
       const std::vector<uint8_t> page = writer.encode_frame(fr->pcm.data(), fs);
       enqueue(message(kAudio, page.data(), page.size()));
       ++frames_;
-      if (!alive()) return "client gone";
+      if (!alive()) return killed(detail);
     }
   }
 }

@@ -97,7 +97,9 @@ std::vector<std::string> list_voices(const std::string& dir) {
     const fs::file_status st = it->symlink_status(ec);
     if (ec || !fs::is_regular_file(st)) continue;
     const std::string name = it->path().filename().string();
-    if (ends_with(name, ".pt") || ends_with(name, ".wav")) out.push_back(name);
+    // A name that is not UTF-8 cannot be listed in JSON nor asked for by a client: skipped.
+    if ((ends_with(name, ".pt") || ends_with(name, ".wav")) && is_valid_utf8(name))
+      out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -19,8 +19,8 @@ std::map<std::string, std::string> parse_query(const std::string& query);
 // True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(const std::string& s);
 
-// The voice files of `dir`: names of regular files (symlinks excluded) ending in .pt or .wav,
-// sorted. Empty when dir is empty or unreadable.
+// The voice files of `dir`: names of regular files (symlinks excluded) ending in .pt or .wav
+// that are valid UTF-8, sorted. Empty when dir is empty or unreadable.
 std::vector<std::string> list_voices(const std::string& dir);
 
 // Full path of the voice `name` when it is a plain file name listed by list_voices(dir), else

@@ -4,27 +4,19 @@
 
 namespace ppx::server {
 
-std::string Metrics::kind_of(const std::string& reason) {
-  std::string k = reason.substr(0, reason.find(':'));
-  for (char& c : k) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) c = c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : '_';
-  }
-  return k.empty() ? "unknown" : k.substr(0, 48);
-}
-
 void Metrics::session_started() {
   std::lock_guard<std::mutex> lk(mu_);
   ++sessions_started_;
 }
 
-void Metrics::session_ended(const std::string& reason) {
+void Metrics::session_ended(SessionEnd reason) {
   std::lock_guard<std::mutex> lk(mu_);
-  ++ended_[kind_of(reason)];
+  ++ended_[static_cast<size_t>(reason)];
 }
 
-void Metrics::rejected(const std::string& reason) {
+void Metrics::rejected(Rejection reason) {
   std::lock_guard<std::mutex> lk(mu_);
-  ++rejected_[kind_of(reason)];
+  ++rejected_[static_cast<size_t>(reason)];
 }
 
 void Metrics::ignored_message() {
@@ -42,7 +34,7 @@ void Metrics::frame(double ms, double budget_ms) {
   }
 }
 
-std::string Metrics::prometheus(int sessions_in_use, int max_sessions) const {
+std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::ostringstream o;
   o << "# HELP personaplex_sessions_in_use Conversations holding a slot.\n"
@@ -51,16 +43,21 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions) const {
   o << "# HELP personaplex_sessions_max Slots (--max-sessions).\n"
        "# TYPE personaplex_sessions_max gauge\npersonaplex_sessions_max "
     << max_sessions << "\n";
+  o << "# HELP personaplex_connections_open Open client connections (HTTP and WebSocket).\n"
+       "# TYPE personaplex_connections_open gauge\npersonaplex_connections_open "
+    << connections << "\n";
   o << "# HELP personaplex_sessions_started_total Conversations that got a slot.\n"
        "# TYPE personaplex_sessions_started_total counter\npersonaplex_sessions_started_total "
     << sessions_started_ << "\n";
   o << "# HELP personaplex_sessions_ended_total Conversations ended, by reason.\n"
        "# TYPE personaplex_sessions_ended_total counter\n";
-  for (const auto& [k, v] : ended_) o << "personaplex_sessions_ended_total{reason=\"" << k << "\"} " << v << "\n";
+  for (size_t i = 0; i < kSessionEndCount; ++i)
+    o << "personaplex_sessions_ended_total{reason=\"" << kSessionEndLabels[i] << "\"} " << ended_[i] << "\n";
   o << "# HELP personaplex_rejected_total Connections refused before a slot, by reason.\n"
        "# TYPE personaplex_rejected_total counter\n";
-  for (const auto& [k, v] : rejected_) o << "personaplex_rejected_total{reason=\"" << k << "\"} " << v << "\n";
-  o << "# HELP personaplex_ignored_messages_total Client messages of unknown kinds.\n"
+  for (size_t i = 0; i < kRejectionCount; ++i)
+    o << "personaplex_rejected_total{reason=\"" << kRejectionLabels[i] << "\"} " << rejected_[i] << "\n";
+  o << "# HELP personaplex_ignored_messages_total Client messages of unknown kinds, and empty ones.\n"
        "# TYPE personaplex_ignored_messages_total counter\npersonaplex_ignored_messages_total "
     << ignored_ << "\n";
   o << "# HELP personaplex_frames_total Model frames computed.\n"

@@ -1,37 +1,38 @@
 // Server counters exported at GET /metrics in the Prometheus text format (version 0.0.4).
 // Thread-safe; updated by the I/O threads (rejections, unknown messages) and the session
-// workers (frames, session ends).
+// workers (frames, session ends). Label values come from the fixed sets of end_reason.h, so the
+// number of series is bounded whatever clients send.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
+
+#include "server/end_reason.h"
 
 namespace ppx::server {
 
 class Metrics {
  public:
   void session_started();
-  // `reason` is why the session ended; its kind (the text before the first ':') is counted.
-  void session_ended(const std::string& reason);
-  void rejected(const std::string& reason);  // a connection refused before it got a slot
-  void ignored_message();                    // a client message of an unknown kind
+  void session_ended(SessionEnd reason);
+  void rejected(Rejection reason);  // a connection refused before it got a slot
+  void ignored_message();           // a client message of an unknown kind, or an empty one
   // One model frame: wall time in ms against the frame budget (80 ms).
   void frame(double ms, double budget_ms);
-  std::string prometheus(int sessions_in_use, int max_sessions) const;
+  std::string prometheus(int sessions_in_use, int max_sessions, int connections) const;
 
   // Upper bounds (ms) of the frame-time histogram buckets; +Inf is implied.
   static constexpr std::array<double, 9> kBucketsMs = {2.5, 5, 10, 20, 40, 60, 80, 120, 250};
 
  private:
-  static std::string kind_of(const std::string& reason);
   mutable std::mutex mu_;
   uint64_t sessions_started_ = 0, frames_ = 0, budget_misses_ = 0, ignored_ = 0;
   double frame_ms_sum_ = 0;
   std::array<uint64_t, kBucketsMs.size()> buckets_{};
-  std::map<std::string, uint64_t> ended_, rejected_;
+  std::array<uint64_t, kSessionEndCount> ended_{};
+  std::array<uint64_t, kRejectionCount> rejected_{};
 };
 
 }  // namespace ppx::server

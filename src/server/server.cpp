@@ -15,6 +15,11 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <sys/resource.h>
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
 #include <type_traits>
 
 #include "ppx/error.h"
@@ -39,6 +44,20 @@ constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
 // its clear error message) instead of failing the HTTP parse.
 constexpr uint32_t kMaxRequestHead = 256 * 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+constexpr auto kCloseFlushLimit = std::chrono::seconds(2);  // stop(): time for the 0x05 + close
+
+// nlohmann::json::dump that never throws on invalid UTF-8 (replaced by U+FFFD).
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+// Constant-time comparison (of SHA-256 digests, so the length leaks nothing either).
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char da[SHA256_DIGEST_LENGTH], db[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), da);
+  SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), db);
+  return CRYPTO_memcmp(da, db, sizeof da) == 0;
+}
 
 using PlainStream = beast::tcp_stream;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
@@ -49,10 +68,13 @@ constexpr bool kIsTls = std::is_same_v<S, TlsStream>;
 template <class Stream>
 class WsSession final : public ChatSession {
  public:
-  WsSession(std::shared_ptr<SessionHub> hub, Stream&& s)
-      : ChatSession(std::move(hub)), ws_(std::move(s)) {}
+  WsSession(std::shared_ptr<SessionHub> hub, Stream&& s, ConnectionSlot conn)
+      : ChatSession(std::move(hub)), conn_(std::move(conn)), ws_(std::move(s)) {
+    ++hub_->websockets;
+  }
+  ~WsSession() override { --hub_->websockets; }
 
-  void start(http::request<http::string_body> req) {
+  void start(const http::request<http::string_body>& req) {
     websocket::stream_base::timeout t{};
     t.handshake_timeout = kHandshakeTimeout;
     t.idle_timeout = std::chrono::milliseconds(
@@ -90,17 +112,23 @@ class WsSession final : public ChatSession {
   }
 
   void on_read(beast::error_code ec, size_t n) {
-    if (ec) return kill();
-    const auto* d = static_cast<const uint8_t*>(rbuf_.data().data());
-    if (n > 0 && d[0] == kAudio) {
-      if (!on_client_audio(d + 1, n - 1)) {
-        kill();
-        return reject("audio arrives faster than it can be processed");
+    if (ec) return kill(SessionEnd::kClientLeft);
+    try {
+      const auto* d = static_cast<const uint8_t*>(rbuf_.data().data());
+      if (n > 1 && d[0] == kAudio) {
+        if (!on_client_audio(d + 1, n - 1)) {
+          // Stop reading; the worker says why and closes.
+          return kill(SessionEnd::kInputOverflow,
+                      "audio arrives faster than it can be processed (more than " +
+                          std::to_string(kMaxQueuedInputBytes >> 20) + " MiB queued)");
+        }
+      } else {
+        hub_->metrics.ignored_message();  // other kinds and empty payloads, as upstream
       }
-    } else {
-      hub_->metrics.ignored_message();  // other kinds (and empty messages), as upstream
+      rbuf_.consume(rbuf_.size());
+    } catch (const std::exception& e) {
+      return kill(SessionEnd::kSessionError, std::string("internal error: ") + e.what());
     }
-    rbuf_.consume(rbuf_.size());
     do_read();
   }
 
@@ -116,7 +144,7 @@ class WsSession final : public ChatSession {
   void push_out(Out o) {
     if (closing_) return;
     if (out_.size() >= kMaxQueuedOutput) {  // the client does not read: drop it
-      kill();
+      kill(SessionEnd::kClientLeft);
       closing_ = true;
       beast::error_code ec;
       beast::get_lowest_layer(ws_).socket().close(ec);
@@ -130,8 +158,9 @@ class WsSession final : public ChatSession {
     if (writing_ || out_.empty() || closing_) return;
     if (out_.front().close) {
       closing_ = true;
-      ws_.async_close(websocket::close_code::normal,
-                      [self = self_ptr()](beast::error_code) { self->kill(); });
+      ws_.async_close(websocket::close_code::normal, [self = self_ptr()](beast::error_code) {
+        self->kill(SessionEnd::kClientLeft);
+      });
       return;
     }
     writing_ = true;
@@ -140,13 +169,14 @@ class WsSession final : public ChatSession {
                       self->writing_ = false;
                       if (ec) {
                         self->closing_ = true;
-                        return self->kill();
+                        return self->kill(SessionEnd::kClientLeft);
                       }
                       self->out_.pop_front();
                       self->pump();
                     });
   }
 
+  ConnectionSlot conn_;
   websocket::stream<Stream> ws_;
   beast::flat_buffer rbuf_;
   std::deque<Out> out_;  // strand only, like the flags
@@ -159,7 +189,7 @@ template <class Stream>
 class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream>> {
  public:
   HttpConnection(std::shared_ptr<SessionHub> hub, Stream&& s)
-      : hub_(std::move(hub)), stream_(std::move(s)) {}
+      : hub_(std::move(hub)), conn_(hub_), stream_(std::move(s)) {}
 
   void run() {
     beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(15));
@@ -186,34 +216,87 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
 
   void on_request() {
     http::request<http::string_body> req = parser_->release();
+    try {
+      route(req);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "http: %s failed: %s\n", std::string(req.target().substr(0, 80)).c_str(),
+                   e.what());
+      reply(req, http::status::internal_server_error, "text/plain", "internal server error\n");
+    }
+  }
+
+  // The API key from `api_key=` in the query or an `Authorization: Bearer` header.
+  bool authorized(const http::request<http::string_body>& req, const std::string& query) const {
+    const std::string& key = hub_->opts.api_key;
+    if (key.empty()) return true;
+    const auto auth = req.find(http::field::authorization);
+    if (auth != req.end()) {
+      const std::string v(auth->value());
+      if (v.size() > 7 && v.compare(0, 7, "Bearer ") == 0 && same_secret(v.substr(7), key))
+        return true;
+    }
+    const auto q = parse_query(query);
+    const auto it = q.find("api_key");
+    return it != q.end() && same_secret(it->second, key);
+  }
+
+  bool origin_allowed(const http::request<http::string_body>& req) const {
+    const auto& allowed = hub_->opts.allowed_origins;
+    const auto it = req.find(http::field::origin);
+    if (allowed.empty() || it == req.end()) return true;  // non-browser clients send no Origin
+    return std::find(allowed.begin(), allowed.end(), std::string(it->value())) != allowed.end();
+  }
+
+  void route(const http::request<http::string_body>& req) {
     const std::string target(req.target());
-    const std::string path = target.substr(0, target.find('?'));
+    const size_t qpos = target.find('?');
+    const std::string path = target.substr(0, qpos);
+    const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
+    const bool api = path.rfind("/api/", 0) == 0;
     if (websocket::is_upgrade(req)) {
-      if (path == "/api/chat") {
-        beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
-        std::make_shared<WsSession<Stream>>(hub_, std::move(stream_))->start(std::move(req));
-        return;
+      if (path != "/api/chat") return reply(req, http::status::not_found, "text/plain", "not found\n");
+      if (!origin_allowed(req)) {
+        hub_->metrics.rejected(Rejection::kForbiddenOrigin);
+        return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
       }
-      return reply(req, http::status::not_found, "text/plain", "not found\n");
+      if (!authorized(req, query)) return unauthorized(req);
+      if (const std::string why = hub_->unavailable(); !why.empty()) {
+        hub_->metrics.rejected(Rejection::kDraining);
+        return reply(req, http::status::service_unavailable, "text/plain",
+                     "server unavailable: " + why + "\n", 5);
+      }
+      beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
+      std::make_shared<WsSession<Stream>>(hub_, std::move(stream_), std::move(conn_))
+          ->start(req);
+      return;
     }
     if (req.method() != http::verb::get)
       return reply(req, http::status::method_not_allowed, "text/plain", "method not allowed\n");
     const int in_use = hub_->sessions_in_use();
     if (path == "/health") {
+      const std::string why = hub_->unavailable();
       nlohmann::ordered_json j;
-      j["status"] = "ok";
+      j["status"] = why.empty() ? "ok" : why.rfind("device", 0) == 0 ? "device_failed" : "draining";
+      if (!why.empty()) j["error"] = why;
       j["model"] = hub_->model.description;
       j["device"] = hub_->model.backend->device();
       j["sessions_in_use"] = in_use;
       j["max_sessions"] = hub_->opts.max_sessions;
-      return reply(req, http::status::ok, "application/json", j.dump() + "\n");
+      j["connections"] = hub_->connections.load();
+      j["max_connections"] = hub_->opts.max_connections;
+      return reply(req, why.empty() ? http::status::ok : http::status::service_unavailable,
+                   "application/json", dump(j));
     }
-    if (path == "/metrics")
+    if (path == "/metrics") {
+      if (hub_->opts.metrics_auth && !authorized(req, query)) return unauthorized(req);
       return reply(req, http::status::ok, "text/plain; version=0.0.4",
-                   hub_->metrics.prometheus(in_use, hub_->opts.max_sessions));
+                   hub_->metrics.prometheus(in_use, hub_->opts.max_sessions,
+                                            hub_->connections.load()));
+    }
+    if (api && !authorized(req, query)) return unauthorized(req);
     if (path == "/api/voices")
       return reply(req, http::status::ok, "application/json",
-                   nlohmann::json(list_voices(hub_->opts.voice_dir)).dump() + "\n");
+                   dump(nlohmann::ordered_json(list_voices(hub_->opts.voice_dir))));
     // --static files first (they may replace the built-in client), then the built-in client.
     if (const auto file = resolve_static(hub_->opts.static_dir, target)) {
       std::ifstream f(*file, std::ios::binary);
@@ -226,12 +309,21 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     reply(req, http::status::not_found, "text/plain", "not found\n");
   }
 
+  void unauthorized(const http::request<http::string_body>& req) {
+    hub_->metrics.rejected(Rejection::kUnauthorized);
+    reply(req, http::status::unauthorized, "text/plain",
+          "unauthorized: give the API key as api_key=... or Authorization: Bearer ...\n", 0,
+          true);
+  }
+
   void reply(const http::request<http::string_body>& req, http::status st, const std::string& type,
-             std::string body) {
+             std::string body, int retry_after_s = 0, bool bearer_challenge = false) {
     auto res = std::make_shared<http::response<http::string_body>>(st, req.version());
     res->set(http::field::server, "personaplex-cpp");
     res->set(http::field::content_type, type);
     res->set(http::field::cache_control, "no-store");
+    if (retry_after_s > 0) res->set(http::field::retry_after, std::to_string(retry_after_s));
+    if (bearer_challenge) res->set(http::field::www_authenticate, "Bearer");
     res->keep_alive(false);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -252,6 +344,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   }
 
   std::shared_ptr<SessionHub> hub_;
+  ConnectionSlot conn_;
   Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -281,29 +374,168 @@ std::unique_ptr<ssl::context> load_tls(const std::string& dir) {
 
 }  // namespace
 
-struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
+struct Server::Impl {
   std::shared_ptr<SessionHub> hub = std::make_shared<SessionHub>();
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_timer{ioc};
+  std::chrono::milliseconds accept_backoff{0};
   std::unique_ptr<ssl::context> tls;  // null: plain HTTP
   std::vector<std::thread> threads;
+  std::thread shutdown_thread;  // drain_then_stop(), started by shutdown() or a device error
+  std::mutex stop_mu;           // held for the whole of stop_now()
+  int exit_code = kExitOk;      // under hub->mu
 
   void do_accept() {
-    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec,
-                                                                           tcp::socket s) {
+    acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {
       if (ec) {
-        if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
-      } else if (self->tls) {
-        std::make_shared<HttpConnection<TlsStream>>(self->hub,
-                                                    TlsStream(std::move(s), *self->tls))
-            ->run();
-      } else {
-        std::make_shared<HttpConnection<PlainStream>>(self->hub, PlainStream(std::move(s)))->run();
+        if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+        // Out of file descriptors (EMFILE/ENFILE), memory or buffers: the pending connection
+        // stays queued and would fail again at once. Back off instead of spinning.
+        accept_backoff = std::clamp(accept_backoff * 2, std::chrono::milliseconds(10),
+                                    std::chrono::milliseconds(1000));
+        if (accept_backoff >= std::chrono::milliseconds(1000) || accept_backoff.count() == 10)
+          std::fprintf(stderr, "accept failed (%s): retrying in %lld ms\n", ec.message().c_str(),
+                       static_cast<long long>(accept_backoff.count()));
+        accept_timer.expires_after(accept_backoff);
+        accept_timer.async_wait([this](beast::error_code e) {
+          if (!e) do_accept();
+        });
+        return;
       }
-      self->do_accept();
+      accept_backoff = std::chrono::milliseconds(0);
+      try {
+        on_socket(std::move(s));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "connection setup failed: %s\n", e.what());
+      }
+      do_accept();
     });
   }
+
+  void on_socket(tcp::socket s) {
+    if (hub->connections.load() >= hub->opts.max_connections) {
+      hub->metrics.rejected(Rejection::kTooManyConnections);
+      beast::error_code ec;
+      if (!tls) {  // best effort: the socket's send buffer takes this at once
+        static constexpr char k503[] =
+            "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n";
+        s.non_blocking(true, ec);
+        s.write_some(net::buffer(k503, sizeof k503 - 1), ec);
+        s.shutdown(tcp::socket::shutdown_both, ec);
+      }
+      s.close(ec);
+      return;
+    }
+    if (tls) {
+      std::make_shared<HttpConnection<TlsStream>>(hub, TlsStream(std::move(s), *tls))->run();
+    } else {
+      std::make_shared<HttpConnection<PlainStream>>(hub, PlainStream(std::move(s)))->run();
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        ioc.run();
+        return;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "I/O thread: uncaught exception: %s (serving on)\n", e.what());
+      } catch (...) {
+        std::fprintf(stderr, "I/O thread: uncaught exception (serving on)\n");
+      }
+    }
+  }
+
+  // Starts drain_then_stop() on its own thread unless a shutdown already began.
+  void begin_shutdown(double drain_s, SessionEnd why, const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lk(hub->mu);
+      if (hub->stopping || shutdown_thread.joinable()) return;
+      hub->draining = true;
+      hub->cv.notify_all();
+      shutdown_thread = std::thread([this, drain_s, why, message] {
+        drain_then_stop(drain_s, why, message);
+      });
+    }
+  }
+
+  void join_shutdown_thread() {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> lk(hub->mu);
+      t = std::move(shutdown_thread);
+    }
+    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+    else if (t.joinable()) t.detach();
+  }
+
+  void drain_then_stop(double drain_s, SessionEnd why, const std::string& message) {
+    {
+      std::unique_lock<std::mutex> lk(hub->mu);
+      const int live = hub->in_use;
+      if (live > 0)
+        std::fprintf(stderr, "draining: %d session(s), at most %g s\n", live, drain_s);
+      hub->cv.wait_for(lk, std::chrono::duration<double>(drain_s),
+                       [&] { return hub->in_use == 0 || hub->stopping; });
+    }
+    stop_now(why, message);
+  }
+
+  // Ends every session with `why` (0x05 `message` + close), waits for the session workers, lets
+  // the closes go out, then stops the I/O threads. Idempotent; concurrent callers wait for it.
+  void stop_now(SessionEnd why, const std::string& message) {
+    std::lock_guard<std::mutex> stop_lk(stop_mu);
+    {
+      std::lock_guard<std::mutex> lk(hub->mu);
+      if (hub->stopped) return;
+      hub->stopping = true;
+    }
+    hub->cv.notify_all();
+    hub->kill_all(why, message);
+    {
+      // However long a model step takes: no worker may outlive the model.
+      std::unique_lock<std::mutex> lk(hub->mu);
+      while (!hub->cv.wait_for(lk, std::chrono::seconds(5), [&] { return hub->workers == 0; }))
+        std::fprintf(stderr, "stopping: waiting for %d session worker(s)\n", hub->workers);
+    }
+    std::vector<std::thread> workers;
+    {
+      std::lock_guard<std::mutex> lk(hub->mu);
+      workers.swap(hub->slot_threads);
+      hub->slot_threads.resize(workers.size());
+    }
+    for (auto& t : workers)
+      if (t.joinable()) t.join();
+    net::post(ioc, [this] {
+      beast::error_code ec;
+      acceptor.close(ec);
+      accept_timer.cancel();
+    });
+    const auto until = std::chrono::steady_clock::now() + kCloseFlushLimit;
+    while (hub->websockets.load() > 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ioc.stop();
+    for (auto& t : threads)
+      if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+    threads.clear();
+    {
+      std::lock_guard<std::mutex> lk(hub->mu);
+      hub->stopped = true;
+    }
+    hub->cv.notify_all();
+  }
 };
+
+int default_max_connections(int max_sessions) {
+  rlimit rl{};
+  long fds = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    fds = static_cast<long>(rl.rlim_cur);
+  const long want = 4L * max_sessions + 64;
+  return static_cast<int>(std::max(8L, std::min(want, fds - 32)));
+}
 
 ServerModel server_model(const app::LoadedModel& m) {
   ServerModel sm;
@@ -320,12 +552,27 @@ ServerModel server_model(const app::LoadedModel& m) {
 Server::Server(const ServerOptions& opts, const ServerModel& model)
     : impl_(std::make_shared<Impl>()) {
   if (opts.max_sessions < 1) throw Error("--max-sessions must be at least 1");
+  if (opts.max_connections < 0) throw Error("--max-connections must not be negative");
   if (!model.backend || !model.tokenizer)
     throw Error("server: a model backend and a text tokenizer are needed");
   SessionHub& hub = *impl_->hub;
   hub.opts = opts;
+  if (hub.opts.max_connections == 0) hub.opts.max_connections = default_max_connections(opts.max_sessions);
   hub.model = model;
   hub.slot_used.assign(static_cast<size_t>(opts.max_sessions), false);
+  hub.slot_threads.resize(static_cast<size_t>(opts.max_sessions));
+  Impl* impl = impl_.get();
+  hub.on_device_error = [impl](const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lk(impl->hub->mu);
+      if (!impl->hub->device_error.empty()) return;
+      impl->hub->device_error = what;
+      impl->exit_code = kExitDeviceError;
+    }
+    std::fprintf(stderr, "device error: %s; ending every session and exiting\n", what.c_str());
+    impl->begin_shutdown(0.0, SessionEnd::kDeviceError,
+                         "server error: the GPU failed; the server restarts, reconnect shortly");
+  };
   if (!opts.ssl_dir.empty()) impl_->tls = load_tls(opts.ssl_dir);
   const std::string where = opts.host + ":" + std::to_string(opts.port);
   try {
@@ -339,7 +586,9 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   }
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 uint16_t Server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
@@ -349,47 +598,33 @@ bool Server::tls() const { return impl_->tls != nullptr; }
 
 int Server::sessions_in_use() const { return impl_->hub->sessions_in_use(); }
 
+int Server::connections() const { return impl_->hub->connections.load(); }
+
 void Server::start() {
   impl_->do_accept();
   for (int i = 0; i < std::max(1, impl_->hub->opts.io_threads); ++i)
-    impl_->threads.emplace_back([this] { impl_->ioc.run(); });
+    impl_->threads.emplace_back([impl = impl_.get()] { impl->run_io(); });
+}
+
+void Server::shutdown() {
+  impl_->begin_shutdown(impl_->hub->opts.drain_timeout_s, SessionEnd::kShutdown,
+                        "server shutting down");
 }
 
 void Server::stop() {
-  SessionHub& hub = *impl_->hub;
-  std::list<std::weak_ptr<ChatSession>> live;
-  {
-    std::lock_guard<std::mutex> lk(hub.mu);
-    if (hub.stopped) return;
-    hub.stopping = true;
-    live = hub.sessions;
-  }
-  for (auto& w : live)
-    if (auto s = w.lock()) s->kill();
-  {
-    // Workers notice within ~100 ms (or one model step); bounded in case a step is slow.
-    std::unique_lock<std::mutex> lk(hub.mu);
-    hub.cv.wait_for(lk, std::chrono::seconds(30), [&] { return hub.workers == 0; });
-  }
-  net::post(impl_->ioc, [impl = impl_] {
-    beast::error_code ec;
-    impl->acceptor.close(ec);
-  });
-  impl_->ioc.stop();
-  for (auto& t : impl_->threads)
-    if (t.joinable()) t.join();
-  impl_->threads.clear();
-  {
-    std::lock_guard<std::mutex> lk(hub.mu);
-    hub.stopped = true;
-  }
-  hub.cv.notify_all();
+  impl_->stop_now(SessionEnd::kShutdown, "server shutting down");
+  impl_->join_shutdown_thread();
 }
 
-void Server::wait() {
+int Server::wait() {
   SessionHub& hub = *impl_->hub;
-  std::unique_lock<std::mutex> lk(hub.mu);
-  hub.cv.wait(lk, [&] { return hub.stopped; });
+  {
+    std::unique_lock<std::mutex> lk(hub.mu);
+    hub.cv.wait(lk, [&] { return hub.stopped; });
+  }
+  impl_->join_shutdown_thread();
+  std::lock_guard<std::mutex> lk(hub.mu);
+  return impl_->exit_code;
 }
 
 }  // namespace ppx::server

@@ -8,12 +8,19 @@
 // two sides meet in one mutex-guarded input queue (client audio bytes) and in messages posted to
 // the connection's strand for writing. A session holds one of --max-sessions slots from its
 // WebSocket upgrade until its worker has finished; the worker ends within a fraction of a second
-// after the client closes, errors out, or sends no audio for idle_timeout_s.
+// after the client closes, errors out, or sends no audio for idle_timeout_s. Worker threads are
+// joined before stop() returns, so none outlives the model.
+//
+// Failure containment: every request handler and session catches what it throws (HTTP 500, or
+// 0x05 + close on the WebSocket) and the I/O threads survive anything that escapes a handler. The
+// exception is a DeviceError (the GPU is unusable): the server then tells every client, /health
+// answers 503, and wait() returns kExitDeviceError so that the process exits non-zero.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apps/model_loading.h"
 #include "engine/backend.h"
@@ -32,7 +39,20 @@ struct ServerOptions {
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
   double ping_interval_s = 2.0;  // 0x06 messages while the system prompts run
+  int max_connections = 0;       // open connections (HTTP + WebSocket); 0: default_max_connections()
+  std::string api_key;           // non-empty: /api/* (and /metrics with metrics_auth) need it
+  bool metrics_auth = false;
+  std::vector<std::string> allowed_origins;  // non-empty: WebSocket upgrades with another Origin get 403
+  double drain_timeout_s = 10.0;             // shutdown(): how long live conversations may go on
+  double max_session_duration_s = 0;         // 0: unlimited
 };
+
+// 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.
+int default_max_connections(int max_sessions);
+
+// wait()'s result: what the process should exit with.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitDeviceError = 3;
 
 // What the sessions need from the loaded model. Everything referenced must outlive the Server.
 struct ServerModel {
@@ -62,11 +82,18 @@ class Server {
   uint16_t port() const;  // the bound port
   bool tls() const;       // serving HTTPS/WSS
   void start();           // starts the I/O threads; returns at once
-  // Closes the listener and every connection, waits for the I/O threads and session workers.
+  // Graceful shutdown, from any thread, returns at once (later calls do nothing): new sessions are
+  // refused (HTTP 503), live conversations go on for up to opts.drain_timeout_s, then each gets
+  // 0x05 + close, and the server stops.
+  void shutdown();
+  // Immediate stop: every session gets 0x05 + close now; waits for the session workers (however
+  // long a model step takes), the closes (at most ~2 s) and the I/O threads.
   void stop();
-  // Blocks until stop() is called from another thread.
-  void wait();
+  // Blocks until the server has stopped (stop(), shutdown() or a device failure); returns
+  // kExitOk, or kExitDeviceError after a DeviceError.
+  int wait();
   int sessions_in_use() const;
+  int connections() const;  // open client connections
 
   struct Impl;
 

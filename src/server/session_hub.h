@@ -1,13 +1,20 @@
 // What every chat session shares with the server, apart from the network: options, the loaded
-// model, the session slots, the live-session list (to end them all on stop) and the metrics.
+// model, the session slots and their worker threads, the live-session list (to end them all on
+// stop), the connection count, the server's state (serving, draining, device failed) and the
+// metrics.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "server/end_reason.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -21,19 +28,53 @@ struct SessionHub {
   Metrics metrics;
   std::mutex backend_mu;  // creating codec streams / steppers
 
+  std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
+  std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed
+  // Called (once, on a session worker) when a DeviceError makes the device unusable.
+  std::function<void(const std::string&)> on_device_error;
+
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
   std::vector<bool> slot_used;
+  std::vector<std::thread> slot_threads;  // the worker of each slot, joined on reuse and on stop
   int in_use = 0;
   int workers = 0;  // session worker threads still running
-  bool stopping = false, stopped = false;
+  bool draining = false, stopping = false, stopped = false;
+  std::string device_error;  // non-empty once the device failed
   std::list<std::weak_ptr<ChatSession>> sessions;
 
-  // A free slot index, or -1 when all are taken or the server is stopping.
-  int acquire_slot();
+  // Takes a free slot and registers `s` as a live session with a running worker, in one step (so
+  // that stop() cannot miss it). Returns the slot, or -1 (all taken), -2 (draining or stopping).
+  int acquire_slot(const std::shared_ptr<ChatSession>& s);
+  // Starts the slot's worker thread (joining the slot's previous, finished one first). On failure
+  // (thread creation) releases the slot and rethrows.
+  void start_worker(int slot, std::function<void()> body);
   // Called by a session's worker as its very last step.
   void release_slot(int slot);
   int sessions_in_use();
+  // Ends every live session with `why` (0x05 `message` + close unless the client already left).
+  void kill_all(SessionEnd why, const std::string& message);
+  // "" while the server accepts sessions; else why not ("draining", "device failed: ...").
+  std::string unavailable();
+};
+
+// Counts an open client connection for as long as it lives (movable, so that an HTTP connection
+// can hand its count to the WebSocket session it becomes).
+class ConnectionSlot {
+ public:
+  ConnectionSlot() = default;
+  explicit ConnectionSlot(std::shared_ptr<SessionHub> hub) : hub_(std::move(hub)) {
+    if (hub_) ++hub_->connections;
+  }
+  ~ConnectionSlot() {
+    if (hub_) --hub_->connections;
+  }
+  ConnectionSlot(ConnectionSlot&& o) noexcept : hub_(std::move(o.hub_)) {}
+  ConnectionSlot& operator=(ConnectionSlot&&) = delete;
+  ConnectionSlot(const ConnectionSlot&) = delete;
+
+ private:
+  std::shared_ptr<SessionHub> hub_;
 };
 
 }  // namespace ppx::server

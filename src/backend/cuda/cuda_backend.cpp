@@ -96,8 +96,10 @@ class CudaBackend : public ModelBackend {
         lm_(!with_lm ? nullptr
                      : lw ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw) : std::make_unique<cuda::CudaLm>(*cfg.lm, seed)),
         slots_(slots),
-        used_(slots, false) {}
-  std::string device() const override { return "cuda: " + cuda::device_description(); }
+        used_(slots, false),
+        device_("cuda: " + cuda::device_description()) {}
+  // Cached: /health asks for it, and must not touch a device that may have failed.
+  std::string device() const override { return device_; }
   std::unique_ptr<CodecStream> codec_stream(int slot) override {
     if (slot < 0 || slot >= slots_) throw Error("codec slot " + std::to_string(slot) + " out of range");
     return std::make_unique<CudaCodecStream>(mimi_, slot, bins_);
@@ -113,6 +115,7 @@ class CudaBackend : public ModelBackend {
   std::unique_ptr<cuda::CudaLm> lm_;
   int slots_;
   std::vector<bool> used_;
+  std::string device_;
 };
 
 }  // namespace

@@ -4,9 +4,33 @@
 
 namespace ppx::cuda {
 
+namespace {
+// Errors after which the CUDA context is corrupt: every later call in the process fails too.
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
 void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
-              " at " + file + ":" + std::to_string(line));
+  const std::string msg = std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                          ") in " + what + " at " + file + ":" + std::to_string(line);
+  if (is_sticky(e)) throw DeviceError(msg + "; the device is unusable until the process restarts");
+  throw Error(msg);
 }
 
 int device_count() {

@@ -15,6 +15,8 @@ const MAX_SOCKET_BACKLOG = 1 << 20;  // bytes; beyond it the network cannot keep
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
+// With --api-key, open the page as /?api_key=KEY: the key goes along on /api/voices and /api/chat.
+const apiKey = query.get('api_key') || '';
 
 // What the page has done so far: shown below the controls, and read by the browser test.
 const stats = (window.ppxStats = {
@@ -42,7 +44,7 @@ async function loadVoices() {
   const select = $('voice');
   let voices = [];
   try {
-    const r = await fetch('/api/voices');
+    const r = await fetch('/api/voices' + (apiKey ? '?api_key=' + encodeURIComponent(apiKey) : ''));
     if (r.ok) voices = await r.json();
   } catch (e) { /* no voice list: only "(none)" */ }
   select.replaceChildren(...voices.map((v) => new Option(v, v)), new Option('(no voice prompt)', ''));
@@ -115,7 +117,9 @@ class Session {
 
     const url = new URL('/api/chat', location.href);
     url.protocol = location.protocol === 'https:' ? 'wss:' : 'ws:';
-    url.search = new URLSearchParams({ voice_prompt: $('voice').value, text_prompt: $('prompt').value }).toString();
+    const params = { voice_prompt: $('voice').value, text_prompt: $('prompt').value };
+    if (apiKey) params.api_key = apiKey;
+    url.search = new URLSearchParams(params).toString();
     this.ws = new WebSocket(url);
     this.ws.binaryType = 'arraybuffer';
     this.ws.onopen = () => setState('preparing', 'the server runs the voice and role prompts');

@@ -1,0 +1,406 @@
+// Hostile clients, files and failures against the in-process server (tiny demo model): each test
+// here reproduces a way the server could crash, be starved or grow without bound, and checks the
+// contained outcome (limits and budgets: docs/PROTOCOL.md "Limits").
+#include <sys/resource.h>
+#include <sys/time.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "faulty_backend.h"
+#include "server/end_reason.h"
+#include "server_test_util.h"
+
+namespace {
+
+using namespace ppx::server_test;
+using Clock = std::chrono::steady_clock;
+
+double metric(const std::string& metrics, const std::string& series) {
+  const size_t at = metrics.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 2));
+}
+
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+std::string long_prompt() {
+  std::string words;
+  while (words.size() + 12 < 4000) words += "listen+carefully+";
+  return words;
+}
+
+// A voice file whose name is not UTF-8: /api/voices used to throw on an I/O thread (json
+// type_error 316), which terminated the process.
+TEST_F(ServerTest, VoiceNameThatIsNotUtf8IsSkipped) {
+  const std::string bad = *voice_dir_ + "/caf\xe9.pt";
+  { std::ofstream(bad) << "x"; }
+  int status = 0;
+  const auto voices = nlohmann::json::parse(http_get(port_, "/api/voices", &status));
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(voices, nlohmann::json::array({"voice.wav"}));
+  fs::remove(bad);
+  expect_healthy();
+}
+
+// An exception in an HTTP handler is a 500 for that request; the server keeps serving.
+TEST_F(ServerTest, HandlerExceptionIsA500) {
+  FaultyBackend faulty(*model_->backend);
+  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  m.backend = &faulty;
+  start(1, 3.0, 2.0, "", "", {}, &m);
+  faulty.device_throws = true;
+  int status = 0;
+  http_get(port_, "/health", &status);
+  EXPECT_EQ(status, 500);
+  faulty.device_throws = false;
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "ok");
+  expect_healthy();
+}
+
+// An exception while a session is set up or runs: 0x05 + close for that client, slot freed.
+TEST_F(ServerTest, SessionExceptionIsAnErrorAndClose) {
+  FaultyBackend faulty(*model_->backend);
+  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  m.backend = &faulty;
+  start(1, 3.0, 2.0, "", "", {}, &m);
+  faulty.stepper_throws = true;
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const Exchange ex = c.run({}, 0ms, nullptr, 10s);
+  EXPECT_FALSE(ex.handshake);
+  EXPECT_TRUE(ex.closed);
+  ASSERT_EQ(ex.errors.size(), 1u);
+  EXPECT_NE(ex.errors[0].find("injected failure"), std::string::npos) << ex.errors[0];
+  faulty.stepper_throws = false;
+  expect_healthy();
+}
+
+// A DeviceError (sticky CUDA error) in one session: every client is told and closed, new
+// sessions are refused, and wait() reports a non-zero exit code.
+TEST_F(ServerTest, DeviceErrorTellsEveryClientAndStopsNonZero) {
+  FaultyBackend faulty(*model_->backend);
+  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  m.backend = &faulty;
+  start(2, 5.0, 2.0, "", "", {}, &m);
+  std::vector<float> speech = user_speech();
+  speech.resize(40 * kFrame);
+  Exchange other;
+  std::atomic<bool> other_started{false};
+  std::thread t([&] {
+    Client c;
+    if (!c.connect(port_, chat("&audio_seed=5"))) return;
+    other = c.run(
+        audio_messages(speech), 80ms,
+        [&](const Exchange& e) {
+          if (e.audio_msgs >= 3) other_started = true;
+          return false;
+        },
+        30s);
+  });
+  while (!other_started) std::this_thread::sleep_for(10ms);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const Exchange ex = c.run(
+      audio_messages(speech), 80ms,
+      [&](const Exchange& e) {
+        if (e.audio_msgs >= 4) faulty.step_device_error = true;
+        return false;
+      },
+      30s);
+  t.join();
+  // Each client is told, by its own failed step or by the shutdown the first failure starts.
+  for (const Exchange* e : std::initializer_list<const Exchange*>{&ex, &other}) {
+    EXPECT_TRUE(e->closed);
+    ASSERT_EQ(e->errors.size(), 1u);
+    EXPECT_TRUE(e->errors[0].find("GPU failed") != std::string::npos ||
+                e->errors[0].find("device error") != std::string::npos)
+        << e->errors[0];
+  }
+  EXPECT_EQ(server_->wait(), ppx::server::kExitDeviceError);
+  EXPECT_EQ(faulty.live_steppers.load(), 0);
+  server_.reset();
+}
+
+// Bare 0x01 messages carry no audio: they are ignored and do not hold the slot past the idle
+// timeout.
+TEST_F(ServerTest, EmptyAudioMessagesDoNotKeepASessionAlive) {
+  start(1, 1.0);
+  std::vector<std::vector<uint8_t>> bare(200, msg(0x01));
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const auto t0 = Clock::now();
+  const Exchange ex = c.run(bare, 25ms, nullptr, 8s);
+  EXPECT_LT(Clock::now() - t0, 4s);
+  EXPECT_TRUE(ex.closed);
+  ASSERT_EQ(ex.errors.size(), 1u);
+  EXPECT_NE(ex.errors[0].find("idle"), std::string::npos) << ex.errors[0];
+  EXPECT_GE(metric(http_get(port_, "/metrics"), "personaplex_ignored_messages_total"), 10.0);
+  expect_healthy();
+}
+
+// Audio sent before the handshake (while a long text prompt runs) is decoded and dropped, not
+// queued without bound and answered in a burst afterwards; a flood of bare messages then is
+// ignored.
+TEST_F(ServerTest, AudioBeforeTheHandshakeIsDropped) {
+  start(1, 3.0, 0.05);
+  std::vector<float> speech = user_speech();
+  speech.resize(60 * kFrame);
+  ppx::OggOpusWriter w(24000);
+  std::vector<std::vector<uint8_t>> early{msg(0x01, w.head_page()), msg(0x01, w.tags_page())};
+  for (size_t i = 0; i + kFrame <= speech.size(); i += kFrame)
+    early.push_back(msg(0x01, w.encode_frame(speech.data() + i, kFrame)));
+  for (int i = 0; i < 20000; ++i) early.push_back(msg(0x01));
+  Client c;
+  ASSERT_TRUE(c.connect(port_, "/api/chat?voice_prompt=voice.wav&text_prompt=" + long_prompt()));
+  Exchange ex = c.run(early, 0ms, [](const Exchange& e) { return e.handshake; }, 60s, true);
+  ASSERT_TRUE(ex.handshake);
+  EXPECT_GT(ex.sent, 62u) << "the prompts ended before the early audio was sent";
+  EXPECT_EQ(ex.audio_msgs, 0);
+  // After the handshake: 5 more frames of the same stream give exactly 5 answers.
+  std::vector<std::vector<uint8_t>> late;
+  for (int i = 0; i < 5; ++i) late.push_back(msg(0x01, w.encode_frame(speech.data(), kFrame)));
+  ex = c.run(late, 1ms, [](const Exchange& e) { return e.audio_msgs >= 7; }, 20s, true);
+  EXPECT_TRUE(ex.errors.empty()) << ex.errors.front();
+  const Exchange rest = c.run({}, 0ms, nullptr, 700ms);  // nothing more may come
+  EXPECT_EQ(ex.audio_msgs + rest.audio_msgs, 2 + 5);  // OpusHead, OpusTags, one page per frame
+  c.drop();
+  expect_healthy();
+}
+
+// When the process runs out of file descriptors, accept() fails at once for as long as the
+// pending connection waits: the server backs off instead of spinning a core, and serves again
+// once descriptors are free.
+TEST_F(ServerTest, AcceptBacksOffWhenOutOfDescriptors) {
+  net::io_context ioc;
+  std::vector<std::unique_ptr<tcp::socket>> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.push_back(std::make_unique<tcp::socket>(ioc));
+    clients.back()->open(tcp::v4());
+  }
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  int open_fds = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++open_fds;
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(open_fds);  // no descriptor to spare
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  for (auto& s : clients) {
+    beast::error_code ec;
+    s->connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_), ec);
+  }
+  const double cpu0 = process_cpu_seconds();
+  std::this_thread::sleep_for(1500ms);
+  const double cpu = process_cpu_seconds() - cpu0;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_LT(cpu, 0.3) << "the accept loop spun while out of descriptors";
+  clients.clear();
+  expect_healthy();
+}
+
+// Beyond --max-connections a connection is answered 503 (or closed) at once.
+TEST_F(ServerTest, ConnectionsBeyondTheLimitAreRefused) {
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.max_connections = 3; });
+  net::io_context ioc;
+  std::vector<std::unique_ptr<tcp::socket>> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(std::make_unique<tcp::socket>(ioc));
+    idle.back()->connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  }
+  const auto until = Clock::now() + 5s;
+  while (server_->connections() < 3 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(server_->connections(), 3);
+  int status = 0;
+  try {
+    http_get(port_, "/health", &status);
+  } catch (const std::exception&) {
+    status = -1;  // closed before an answer: also a refusal
+  }
+  EXPECT_TRUE(status == 503 || status == -1) << status;
+  idle.clear();
+  while (server_->connections() > 0 && Clock::now() < until + 5s)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "ok");
+  EXPECT_GE(metric(http_get(port_, "/metrics"),
+                   "personaplex_rejected_total{reason=\"too_many_connections\"}"),
+            1.0);
+}
+
+TEST_F(ServerTest, ApiKeyGuardsTheApiButNotHealth) {
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.api_key = "s3cret key"; });
+  int status = 0;
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "ok");
+  http_get(port_, "/metrics", &status);
+  EXPECT_EQ(status, 200);
+  http_get(port_, "/api/voices", &status);
+  EXPECT_EQ(status, 401);
+  http_get(port_, "/api/voices?api_key=s3cret+key", &status);
+  EXPECT_EQ(status, 200);
+  http_get(port_, "/api/voices", &status, {{"Authorization", "Bearer s3cret key"}});
+  EXPECT_EQ(status, 200);
+  for (const auto& [target, headers] :
+       std::vector<std::pair<std::string, Headers>>{
+           {chat(), {}},
+           {chat("&api_key=wrong"), {}},
+           {chat(), {{"Authorization", "Bearer s3cret"}}},
+           {chat("&api_key="), {}}}) {
+    EXPECT_EQ(upgrade_status(port_, target, headers), 401) << target;
+  }
+  for (const auto& [target, headers] : std::vector<std::pair<std::string, Headers>>{
+           {chat("&api_key=s3cret%20key"), {}}, {chat(), {{"Authorization", "Bearer s3cret key"}}}}) {
+    Client c;
+    ASSERT_TRUE(c.connect(port_, target, headers)) << target;
+    EXPECT_TRUE(c.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s).handshake);
+    c.drop();
+    ASSERT_TRUE(wait_slots_free(port_));
+  }
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) {
+    o.api_key = "k";
+    o.metrics_auth = true;
+  });
+  http_get(port_, "/metrics", &status);
+  EXPECT_EQ(status, 401);
+  http_get(port_, "/metrics?api_key=k", &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(ServerTest, AllowedOriginIsCheckedOnUpgrades) {
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) {
+    o.allowed_origins = {"https://good.example"};
+  });
+  EXPECT_EQ(upgrade_status(port_, chat(), {{"Origin", "https://evil.example"}}), 403);
+  for (const Headers& h : {Headers{{"Origin", "https://good.example"}}, Headers{}}) {
+    Client c;
+    ASSERT_TRUE(c.connect(port_, chat(), h));
+    EXPECT_TRUE(c.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s).handshake);
+    c.drop();
+    ASSERT_TRUE(wait_slots_free(port_));
+  }
+}
+
+// shutdown(): new sessions get 503, the live conversation goes on for the drain timeout, then
+// gets 0x05 + close; wait() returns 0.
+TEST_F(ServerTest, ShutdownDrainsThenEndsSessionsWithAnError) {
+  start(2, 5.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.drain_timeout_s = 1.5; });
+  std::vector<float> speech = user_speech();
+  speech.resize(60 * kFrame);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  std::atomic<bool> asked{false};
+  Clock::time_point t_shutdown;
+  int audio_at_shutdown = 0;
+  const Exchange ex = c.run(
+      audio_messages(speech), 80ms,
+      [&](const Exchange& e) {
+        if (e.audio_msgs >= 5 && !asked.exchange(true)) {
+          t_shutdown = Clock::now();
+          audio_at_shutdown = e.audio_msgs;
+          std::thread([this] { server_->shutdown(); }).detach();
+        }
+        return false;
+      },
+      30s);
+  const auto ended = Clock::now() - t_shutdown;
+  EXPECT_TRUE(ex.closed);
+  ASSERT_EQ(ex.errors.size(), 1u);
+  EXPECT_NE(ex.errors[0].find("shutting down"), std::string::npos) << ex.errors[0];
+  EXPECT_GE(ended, 1400ms);
+  EXPECT_LT(ended, 5s);
+  EXPECT_GE(ex.audio_msgs - audio_at_shutdown, 10);  // ~18 frames answered during the drain
+  EXPECT_EQ(server_->wait(), ppx::server::kExitOk);
+  server_.reset();
+}
+
+TEST_F(ServerTest, NewSessionsAreRefusedWhileDraining) {
+  start(2, 5.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.drain_timeout_s = 30; });
+  Client live;
+  ASSERT_TRUE(live.connect(port_, chat()));
+  ASSERT_TRUE(live.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s).handshake);
+  server_->shutdown();
+  EXPECT_EQ(upgrade_status(port_, chat()), 503);
+  int status = 0;
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "draining");
+  EXPECT_EQ(status, 503);
+  live.drop();  // the last session leaves: the drain ends early
+  EXPECT_EQ(server_->wait(), ppx::server::kExitOk);
+  server_.reset();
+}
+
+TEST_F(ServerTest, MaxSessionDurationEndsTheConversation) {
+  start(1, 5.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.max_session_duration_s = 1.0; });
+  std::vector<float> speech = user_speech();
+  speech.resize(60 * kFrame);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const auto t0 = Clock::now();
+  const Exchange ex = c.run(audio_messages(speech), 80ms, nullptr, 20s);
+  EXPECT_LT(Clock::now() - t0, 4s);
+  EXPECT_TRUE(ex.closed);
+  ASSERT_EQ(ex.errors.size(), 1u);
+  EXPECT_NE(ex.errors[0].find("maximum session duration"), std::string::npos) << ex.errors[0];
+  ASSERT_TRUE(wait_slots_free(port_));
+  EXPECT_EQ(metric(http_get(port_, "/metrics"),
+                   "personaplex_sessions_ended_total{reason=\"max_duration\"}"),
+            1.0);
+}
+
+// End reasons and rejections are labelled from fixed sets: messages that differ (here by a byte
+// count) do not make new series.
+TEST_F(ServerTest, MetricLabelsAreAFixedSet) {
+  for (int n : {5000, 5001, 6000}) {
+    Client c;
+    ASSERT_TRUE(c.connect(port_, "/api/chat?text_prompt=" + std::string(static_cast<size_t>(n), 'a')));
+    c.run({}, 0ms, nullptr, 10s);
+  }
+  const std::string m = http_get(port_, "/metrics");
+  size_t series = 0;
+  for (size_t at = 0; (at = m.find("\npersonaplex_rejected_total{", at)) != std::string::npos; ++at)
+    ++series;
+  EXPECT_EQ(series, ppx::server::kRejectionCount) << m;
+  EXPECT_EQ(metric(m, "personaplex_rejected_total{reason=\"bad_request\"}"), 3.0) << m;
+  EXPECT_EQ(m.find("5000"), std::string::npos);
+}
+
+// A busy rejection's 0x05 reaches the client before the close even when the client is sending.
+TEST_F(ServerTest, BusyErrorArrivesBeforeTheCloseWhileTheClientSends) {
+  Client a;
+  ASSERT_TRUE(a.connect(port_, chat()));
+  ASSERT_TRUE(a.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s).handshake);
+  std::vector<std::vector<uint8_t>> burst(64, msg(0x01, std::vector<uint8_t>(16384, 7)));
+  for (int i = 0; i < 10; ++i) {
+    Client b;
+    ASSERT_TRUE(b.connect(port_, chat()));
+    const Exchange ex = b.run(burst, 0ms, nullptr, 10s, true);
+    EXPECT_TRUE(ex.closed);
+    ASSERT_EQ(ex.errors.size(), 1u) << "try " << i << ": " << ex.close_reason;
+    EXPECT_NE(ex.errors[0].find("busy"), std::string::npos);
+  }
+  a.drop();
+  expect_healthy();
+}
+
+// stop() while sessions are starting: no worker (and so no model state) outlives it.
+TEST_F(ServerTest, StopWhileSessionsStartLeavesNoWorker) {
+  FaultyBackend faulty(*model_->backend);
+  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  m.backend = &faulty;
+  for (int round = 0; round < 6; ++round) {
+    start(2, 3.0, 2.0, "", "", {}, &m);
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int i = 0; i < 2; ++i) {
+      clients.push_back(std::make_unique<Client>());
+      clients.back()->connect(port_, chat());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));
+    server_->stop();
+    EXPECT_EQ(faulty.live_steppers.load(), 0) << "round " << round;
+    server_.reset();
+  }
+}
+
+}  // namespace
