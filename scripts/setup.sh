@@ -10,6 +10,7 @@ packages=(
   libsentencepiece-dev sentencepiece
   libssl-dev openssl
   chromium  # the browser test of the web client (headless)
+  clang libclang-rt-dev  # scripts/sanitize.sh, scripts/fuzz.sh: ASan/UBSan/libFuzzer runtimes
 )
 
 missing=()

@@ -43,7 +43,8 @@ Lm::Lm(const LmConfig& c, WeightSource& w) : c_(c), w_(std::make_unique<Weights>
   for (const auto& [key, shape] : lm_state_dict_spec(c)) {
     std::vector<float> t = load_lm_tensor(w, key, shape);
     // Route the tensor to its slot by key.
-    auto idx_after = [&](const std::string& prefix) { return std::stoi(key.substr(prefix.size())); };
+    // `k`, not `key`: clang before 16 cannot capture a structured binding.
+    auto idx_after = [&k = key](const std::string& prefix) { return std::stoi(k.substr(prefix.size())); };
     if (key.rfind("emb.", 0) == 0) {
       w_->emb.push_back(std::move(t));
     } else if (key == "text_emb.weight") {
