@@ -26,9 +26,7 @@ class FaultyBackend : public ModelBackend {
     if (device_throws) throw std::runtime_error("injected failure in device()");
     return inner_.device();
   }
-  std::unique_ptr<CodecStream> codec_stream(int slot) override {
-    return inner_.codec_stream(slot);
-  }
+  std::unique_ptr<CodecStream> codec_stream(int slot) override { return inner_.codec_stream(slot); }
   std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed,
                                         int dep_steps) override {
     if (stepper_throws) throw Error("injected failure in lm_stepper()");
@@ -38,8 +36,7 @@ class FaultyBackend : public ModelBackend {
  private:
   class Stepper : public LmStepper {
    public:
-    Stepper(FaultyBackend& b, std::unique_ptr<LmStepper> inner)
-        : b_(b), inner_(std::move(inner)) {
+    Stepper(FaultyBackend& b, std::unique_ptr<LmStepper> inner) : b_(b), inner_(std::move(inner)) {
       ++b_.live_steppers;
     }
     ~Stepper() override { --b_.live_steppers; }

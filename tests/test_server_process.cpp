@@ -20,7 +20,9 @@ class ServerProcess {
  public:
   explicit ServerProcess(const std::vector<std::string>& extra) {
     log_ = ppx::test::scratch("server_process_" + std::to_string(counter_++) + ".log");
-    std::vector<std::string> args = {PPX_SERVER_BIN, "--host", "127.0.0.1", "--port", "0"};
+    const char* bin = std::getenv("PPX_SERVER_BIN");  // where the binaries run from another tree
+    std::vector<std::string> args = {bin ? bin : PPX_SERVER_BIN, "--host", "127.0.0.1", "--port",
+                                     "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -116,7 +118,9 @@ TEST(ServerProcessTest, SecondSignalExitsAtOnce) {
   ASSERT_NE(port, 0) << p.log();
   Client c;
   ASSERT_TRUE(c.connect(port, "/api/chat?text_prompt=hi&voice_prompt="));
-  ASSERT_TRUE(c.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s).handshake);
+  ASSERT_TRUE(c.run(
+                   {}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s)
+                  .handshake);
   p.signal(SIGTERM);
   EXPECT_EQ(p.wait_exit(500ms), -1) << "the first signal must drain, not exit";
   p.signal(SIGINT);

@@ -31,15 +31,19 @@ Measured converse(uint16_t port, const std::vector<float>& speech, const std::st
   Client c;
   if (!c.connect(port, target)) return m;
   m.ex = c.run(
-      audio_messages(speech), 80ms, [&](const Exchange& e) { return e.audio_msgs >= static_cast<int>(want); },
+      audio_messages(speech), 80ms,
+      [&](const Exchange& e) { return e.audio_msgs >= static_cast<int>(want); },
       std::chrono::milliseconds(static_cast<int64_t>(m.frames_in) * 80 + 20000));
   c.drop();
   std::vector<double> lat;
   for (size_t k = 2; k < std::min(m.ex.sent_at.size(), m.ex.audio_at.size()); ++k)
-    lat.push_back(std::chrono::duration<double, std::milli>(m.ex.audio_at[k] - m.ex.sent_at[k]).count());
+    lat.push_back(
+        std::chrono::duration<double, std::milli>(m.ex.audio_at[k] - m.ex.sent_at[k]).count());
   if (lat.empty()) return m;
   std::sort(lat.begin(), lat.end());
-  auto rank = [&](double q) { return lat[std::min(lat.size() - 1, static_cast<size_t>(q * static_cast<double>(lat.size())))]; };
+  auto rank = [&](double q) {
+    return lat[std::min(lat.size() - 1, static_cast<size_t>(q * static_cast<double>(lat.size())))];
+  };
   m.p50_ms = rank(0.50);
   m.p99_ms = rank(0.99);
   return m;
@@ -82,9 +86,10 @@ class SoakTest : public ServerTest {
     EXPECT_FALSE(reader.failed()) << reader.error();
     EXPECT_NEAR(static_cast<double>(reader.available()), static_cast<double>(speech.size()), kFrame)
         << name;
-    std::printf("%s: per-frame added latency alone p50 %.1f ms p99 %.1f ms; beside it p50 %.1f ms "
-                "p99 %.1f ms (%d attacks)\n",
-                name, alone.p50_ms, alone.p99_ms, crowd.p50_ms, crowd.p99_ms, runs.load());
+    std::printf(
+        "%s: per-frame added latency alone p50 %.1f ms p99 %.1f ms; beside it p50 %.1f ms "
+        "p99 %.1f ms (%d attacks)\n",
+        name, alone.p50_ms, alone.p99_ms, crowd.p50_ms, crowd.p99_ms, runs.load());
     EXPECT_LE(crowd.p99_ms, alone.p99_ms + 20.0) << name;
     EXPECT_TRUE(wait_slots_free(port_, 15s)) << name;
   }
@@ -95,7 +100,8 @@ class SoakTest : public ServerTest {
 TEST_F(SoakTest, BesideFakeOggHeaders) {
   std::vector<uint8_t> junk;
   while (junk.size() < (1u << 20) - 8)
-    for (uint8_t b : std::initializer_list<uint8_t>{'O', 'g', 'g', 'S', 0, 0xff, 0xff}) junk.push_back(b);
+    for (uint8_t b : std::initializer_list<uint8_t>{'O', 'g', 'g', 'S', 0, 0xff, 0xff})
+      junk.push_back(b);
   check_beside("fake Ogg headers", [&] {
     Client c;
     if (c.connect(port_, quick_))

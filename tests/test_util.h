@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,13 +11,22 @@
 
 namespace ppx::test {
 
-inline std::string data(const std::string& name) { return std::string(PPX_TEST_DATA) + "/" + name; }
-inline std::string config_dir(const std::string& name) { return std::string(PPX_CONFIG_DIR) + "/" + name; }
+// The source tree's paths are baked in at build time; PPX_TEST_DATA_DIR and PPX_TEST_CONFIG_DIR
+// override them where the binaries run from another checkout (the GPU machine's copy).
+inline std::string data(const std::string& name) {
+  const char* d = std::getenv("PPX_TEST_DATA_DIR");
+  return std::string(d ? d : PPX_TEST_DATA) + "/" + name;
+}
+inline std::string config_dir(const std::string& name) {
+  const char* d = std::getenv("PPX_TEST_CONFIG_DIR");
+  return std::string(d ? d : PPX_CONFIG_DIR) + "/" + name;
+}
 
 // A path in a scratch directory private to this process: ctest runs test cases as parallel
 // processes, so shared names would race.
 inline std::string scratch(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / "ppx_tests" / std::to_string(::getpid());
+  const auto dir =
+      std::filesystem::temp_directory_path() / "ppx_tests" / std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

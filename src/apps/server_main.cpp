@@ -72,9 +72,10 @@ int serve(int argc, char** argv) {
                  "end a conversation after this many seconds (0: unlimited)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 31.0 * 86400.0));
-  app.add_option("--ssl", o.ssl_dir,
-                 "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
-                 "microphone except on localhost")
+  app.add_option(
+         "--ssl", o.ssl_dir,
+         "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
+         "microphone except on localhost")
       ->check(CLI::ExistingDirectory);
   try {
     app.parse(argc, argv);

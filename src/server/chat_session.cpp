@@ -214,15 +214,14 @@ void ChatSession::begin(const std::string& query) {
     if (!err.empty()) return reject(Rejection::kBadRequest, err);
     const int slot = hub_->acquire_slot(shared_from_this());
     if (slot == -1)
-      return reject(Rejection::kBusy, "server busy: all " +
-                                          std::to_string(hub_->opts.max_sessions) +
-                                          " sessions in use");
+      return reject(
+          Rejection::kBusy,
+          "server busy: all " + std::to_string(hub_->opts.max_sessions) + " sessions in use");
     if (slot < 0) return reject(Rejection::kDraining, "server unavailable: " + hub_->unavailable());
     std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
                  p.voice_path.c_str(), p.text_prompt.size());
-    hub_->start_worker(slot, [self = shared_from_this(), slot, p = std::move(p)] {
-      self->worker(slot, p);
-    });
+    hub_->start_worker(
+        slot, [self = shared_from_this(), slot, p = std::move(p)] { self->worker(slot, p); });
     hub_->metrics.session_started();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "session setup failed: %s\n", e.what());
@@ -375,15 +374,16 @@ SessionEnd ChatSession::run(int slot, const ChatParams& p, std::string& detail) 
   const auto t_conv = Clock::now();
   const auto frame_dur = std::chrono::duration<double>(static_cast<double>(fs) / sr);
   auto frame_due = [&](int64_t k) {
-    return t_conv + std::chrono::duration_cast<Clock::duration>(frame_dur * static_cast<double>(
-                                                                                std::max<int64_t>(0, k - kBurstFrames)));
+    return t_conv + std::chrono::duration_cast<Clock::duration>(
+                        frame_dur * static_cast<double>(std::max<int64_t>(0, k - kBurstFrames)));
   };
   while (true) {
     {
       std::unique_lock<std::mutex> lk(mu_);
       const bool paced = reader.available() >= static_cast<size_t>(fs);
-      const auto until = paced ? std::min(frame_due(frames_), Clock::now() + std::chrono::milliseconds(100))
-                               : Clock::now() + std::chrono::milliseconds(100);
+      const auto until =
+          paced ? std::min(frame_due(frames_), Clock::now() + std::chrono::milliseconds(100))
+                : Clock::now() + std::chrono::milliseconds(100);
       cv_.wait_until(lk, until, [&] { return !alive_ || (!paced && !in_.empty()); });
     }
     if (over_duration()) return SessionEnd::kMaxDuration;

@@ -8,15 +8,15 @@
 namespace ppx::server {
 
 enum class SessionEnd {
-  kClientLeft,                // the client closed, vanished or stopped reading
-  kClientLeftDuringPrompts,   // ... before the handshake
-  kIdleTimeout,               // no decoded audio for --idle-timeout
-  kBadAudio,                  // the Ogg Opus stream is unusable or over its work budgets
-  kInputOverflow,             // audio arrives faster than it is processed
-  kMaxDuration,               // --max-session-duration reached
-  kShutdown,                  // the server is shutting down (after the drain)
-  kDeviceError,               // the compute device failed; the server exits
-  kSessionError,              // anything else (bad voice file, prompt too long, internal error)
+  kClientLeft,               // the client closed, vanished or stopped reading
+  kClientLeftDuringPrompts,  // ... before the handshake
+  kIdleTimeout,              // no decoded audio for --idle-timeout
+  kBadAudio,                 // the Ogg Opus stream is unusable or over its work budgets
+  kInputOverflow,            // audio arrives faster than it is processed
+  kMaxDuration,              // --max-session-duration reached
+  kShutdown,                 // the server is shutting down (after the drain)
+  kDeviceError,              // the compute device failed; the server exits
+  kSessionError,             // anything else (bad voice file, prompt too long, internal error)
 };
 inline constexpr size_t kSessionEndCount = 9;
 
@@ -33,11 +33,14 @@ inline constexpr size_t kRejectionCount = 7;
 
 // Prometheus label values, indexed by the enums above.
 inline constexpr std::array<const char*, kSessionEndCount> kSessionEndLabels = {
-    "client_left", "client_left_during_prompts", "idle_timeout", "bad_audio_stream",
-    "input_overflow", "max_duration", "server_shutdown", "device_error", "session_error"};
+    "client_left",     "client_left_during_prompts",
+    "idle_timeout",    "bad_audio_stream",
+    "input_overflow",  "max_duration",
+    "server_shutdown", "device_error",
+    "session_error"};
 inline constexpr std::array<const char*, kRejectionCount> kRejectionLabels = {
-    "bad_request", "busy", "draining", "unauthorized", "forbidden_origin", "too_many_connections",
-    "internal_error"};
+    "bad_request",          "busy",          "draining", "unauthorized", "forbidden_origin",
+    "too_many_connections", "internal_error"};
 
 inline const char* label(SessionEnd e) { return kSessionEndLabels[static_cast<size_t>(e)]; }
 inline const char* label(Rejection r) { return kRejectionLabels[static_cast<size_t>(r)]; }

@@ -52,24 +52,29 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
   o << "# HELP personaplex_sessions_ended_total Conversations ended, by reason.\n"
        "# TYPE personaplex_sessions_ended_total counter\n";
   for (size_t i = 0; i < kSessionEndCount; ++i)
-    o << "personaplex_sessions_ended_total{reason=\"" << kSessionEndLabels[i] << "\"} " << ended_[i] << "\n";
+    o << "personaplex_sessions_ended_total{reason=\"" << kSessionEndLabels[i] << "\"} " << ended_[i]
+      << "\n";
   o << "# HELP personaplex_rejected_total Connections refused before a slot, by reason.\n"
        "# TYPE personaplex_rejected_total counter\n";
   for (size_t i = 0; i < kRejectionCount; ++i)
-    o << "personaplex_rejected_total{reason=\"" << kRejectionLabels[i] << "\"} " << rejected_[i] << "\n";
-  o << "# HELP personaplex_ignored_messages_total Client messages of unknown kinds, and empty ones.\n"
+    o << "personaplex_rejected_total{reason=\"" << kRejectionLabels[i] << "\"} " << rejected_[i]
+      << "\n";
+  o << "# HELP personaplex_ignored_messages_total Client messages of unknown kinds, and empty "
+       "ones.\n"
        "# TYPE personaplex_ignored_messages_total counter\npersonaplex_ignored_messages_total "
     << ignored_ << "\n";
   o << "# HELP personaplex_frames_total Model frames computed.\n"
        "# TYPE personaplex_frames_total counter\npersonaplex_frames_total "
     << frames_ << "\n";
   o << "# HELP personaplex_frame_budget_misses_total Frames that took longer than 80 ms.\n"
-       "# TYPE personaplex_frame_budget_misses_total counter\npersonaplex_frame_budget_misses_total "
+       "# TYPE personaplex_frame_budget_misses_total "
+       "counter\npersonaplex_frame_budget_misses_total "
     << budget_misses_ << "\n";
   o << "# HELP personaplex_frame_seconds Wall time of one frame (encode, LM step, decode).\n"
        "# TYPE personaplex_frame_seconds histogram\n";
   for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    o << "personaplex_frame_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << buckets_[i] << "\n";
+    o << "personaplex_frame_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << buckets_[i]
+      << "\n";
   }
   o << "personaplex_frame_seconds_bucket{le=\"+Inf\"} " << frames_ << "\n";
   o << "personaplex_frame_seconds_sum " << frame_ms_sum_ / 1000.0 << "\n";

@@ -1,5 +1,9 @@
 #include "server/server.h"
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -15,11 +19,6 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <sys/resource.h>
-
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
-
 #include <type_traits>
 
 #include "ppx/error.h"
@@ -106,9 +105,8 @@ class WsSession final : public ChatSession {
   }
 
   void do_read() {
-    ws_.async_read(rbuf_, [self = self_ptr()](beast::error_code ec, size_t n) {
-      self->on_read(ec, n);
-    });
+    ws_.async_read(rbuf_,
+                   [self = self_ptr()](beast::error_code ec, size_t n) { self->on_read(ec, n); });
   }
 
   void on_read(beast::error_code ec, size_t n) {
@@ -254,7 +252,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
     const bool api = path.rfind("/api/", 0) == 0;
     if (websocket::is_upgrade(req)) {
-      if (path != "/api/chat") return reply(req, http::status::not_found, "text/plain", "not found\n");
+      if (path != "/api/chat")
+        return reply(req, http::status::not_found, "text/plain", "not found\n");
       if (!origin_allowed(req)) {
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
@@ -266,8 +265,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
                      "server unavailable: " + why + "\n", 5);
       }
       beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
-      std::make_shared<WsSession<Stream>>(hub_, std::move(stream_), std::move(conn_))
-          ->start(req);
+      std::make_shared<WsSession<Stream>>(hub_, std::move(stream_), std::move(conn_))->start(req);
       return;
     }
     if (req.method() != http::verb::get)
@@ -289,9 +287,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     }
     if (path == "/metrics") {
       if (hub_->opts.metrics_auth && !authorized(req, query)) return unauthorized(req);
-      return reply(req, http::status::ok, "text/plain; version=0.0.4",
-                   hub_->metrics.prometheus(in_use, hub_->opts.max_sessions,
-                                            hub_->connections.load()));
+      return reply(
+          req, http::status::ok, "text/plain; version=0.0.4",
+          hub_->metrics.prometheus(in_use, hub_->opts.max_sessions, hub_->connections.load()));
     }
     if (api && !authorized(req, query)) return unauthorized(req);
     if (path == "/api/voices")
@@ -312,8 +310,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   void unauthorized(const http::request<http::string_body>& req) {
     hub_->metrics.rejected(Rejection::kUnauthorized);
     reply(req, http::status::unauthorized, "text/plain",
-          "unauthorized: give the API key as api_key=... or Authorization: Bearer ...\n", 0,
-          true);
+          "unauthorized: give the API key as api_key=... or Authorization: Bearer ...\n", 0, true);
   }
 
   void reply(const http::request<http::string_body>& req, http::status st, const std::string& type,
@@ -327,10 +324,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     res->keep_alive(false);
     res->body() = std::move(body);
     res->prepare_payload();
-    http::async_write(stream_, *res,
-                      [self = this->shared_from_this(), res](beast::error_code, size_t) {
-                        self->finish();
-                      });
+    http::async_write(
+        stream_, *res,
+        [self = this->shared_from_this(), res](beast::error_code, size_t) { self->finish(); });
   }
 
   void finish() {
@@ -455,9 +451,8 @@ struct Server::Impl {
       if (hub->stopping || shutdown_thread.joinable()) return;
       hub->draining = true;
       hub->cv.notify_all();
-      shutdown_thread = std::thread([this, drain_s, why, message] {
-        drain_then_stop(drain_s, why, message);
-      });
+      shutdown_thread =
+          std::thread([this, drain_s, why, message] { drain_then_stop(drain_s, why, message); });
     }
   }
 
@@ -467,16 +462,17 @@ struct Server::Impl {
       std::lock_guard<std::mutex> lk(hub->mu);
       t = std::move(shutdown_thread);
     }
-    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
-    else if (t.joinable()) t.detach();
+    if (t.joinable() && t.get_id() != std::this_thread::get_id())
+      t.join();
+    else if (t.joinable())
+      t.detach();
   }
 
   void drain_then_stop(double drain_s, SessionEnd why, const std::string& message) {
     {
       std::unique_lock<std::mutex> lk(hub->mu);
       const int live = hub->in_use;
-      if (live > 0)
-        std::fprintf(stderr, "draining: %d session(s), at most %g s\n", live, drain_s);
+      if (live > 0) std::fprintf(stderr, "draining: %d session(s), at most %g s\n", live, drain_s);
       hub->cv.wait_for(lk, std::chrono::duration<double>(drain_s),
                        [&] { return hub->in_use == 0 || hub->stopping; });
     }
@@ -557,7 +553,8 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
     throw Error("server: a model backend and a text tokenizer are needed");
   SessionHub& hub = *impl_->hub;
   hub.opts = opts;
-  if (hub.opts.max_connections == 0) hub.opts.max_connections = default_max_connections(opts.max_sessions);
+  if (hub.opts.max_connections == 0)
+    hub.opts.max_connections = default_max_connections(opts.max_sessions);
   hub.model = model;
   hub.slot_used.assign(static_cast<size_t>(opts.max_sessions), false);
   hub.slot_threads.resize(static_cast<size_t>(opts.max_sessions));
@@ -586,9 +583,7 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   }
 }
 
-Server::~Server() {
-  stop();
-}
+Server::~Server() { stop(); }
 
 uint16_t Server::port() const { return impl_->acceptor.local_endpoint().port(); }
 

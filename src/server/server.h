@@ -39,12 +39,13 @@ struct ServerOptions {
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
   double ping_interval_s = 2.0;  // 0x06 messages while the system prompts run
-  int max_connections = 0;       // open connections (HTTP + WebSocket); 0: default_max_connections()
-  std::string api_key;           // non-empty: /api/* (and /metrics with metrics_auth) need it
+  int max_connections = 0;  // open connections (HTTP + WebSocket); 0: default_max_connections()
+  std::string api_key;      // non-empty: /api/* (and /metrics with metrics_auth) need it
   bool metrics_auth = false;
-  std::vector<std::string> allowed_origins;  // non-empty: WebSocket upgrades with another Origin get 403
-  double drain_timeout_s = 10.0;             // shutdown(): how long live conversations may go on
-  double max_session_duration_s = 0;         // 0: unlimited
+  std::vector<std::string>
+      allowed_origins;                // non-empty: WebSocket upgrades with another Origin get 403
+  double drain_timeout_s = 10.0;      // shutdown(): how long live conversations may go on
+  double max_session_duration_s = 0;  // 0: unlimited
 };
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.
