@@ -1,7 +1,8 @@
 // personaplex-bench-kernels: the ceilings and the LM's hot kernels on the GPU, for the roofline in
 // docs/PERF.md. Measures device-to-device copy bandwidth (bytes read + written), and for each GEMV
 // shape of the temporal transformer and the depformer: our bf16 GEMV and cuBLAS (bf16 GEMM with
-// N = 1), as CUDA graphs of many back-to-back launches over rotating weight buffers larger than L2.
+// N = 1), and our fp8-weight (w8a16) GEMV against our bf16 one at batch 1 and 4 (--only gemv8), as
+// CUDA graphs of many back-to-back launches over rotating weight buffers larger than L2.
 #include <cublas_v2.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@
 #include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
+#include "lm_quant.cuh"
 #include "ppx/config.h"
 #include "ppx/error.h"
 #include "ppx/resources.h"
@@ -58,6 +60,97 @@ double time_graph_ms(cudaStream_t s, int launches, int reps, F&& f) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The LM's GEMV shapes (weights [N, K]) with the prologue and epilogue each uses.
+struct Shape {
+  const char* name;
+  int N, K;
+  ppx::kern::GemvIn in;
+  ppx::kern::GemvOut out = ppx::kern::GemvOut::kStore;
+};
+using ppx::kern::GemvIn;
+using ppx::kern::GemvOut;
+const Shape kShapes[] = {
+    {"temporal qkv", 12288, 4096, GemvIn::kRmsNorm},
+    {"temporal out", 4096, 4096, GemvIn::kPlain},
+    {"temporal ffn in", 22528, 4096, GemvIn::kRmsNorm, ppx::kern::GemvOut::kGateUp},
+    {"temporal ffn out", 4096, 11264, GemvIn::kPlain},
+    {"temporal ffn out (silu prologue)", 4096, 11264, GemvIn::kSiluGate},
+    {"text head", 32000, 4096, GemvIn::kRmsNorm},
+    {"depformer in", 1024, 4096, GemvIn::kRmsNorm},
+    {"depformer qkv", 3072, 1024, GemvIn::kRmsNorm},
+    {"depformer out", 1024, 1024, GemvIn::kPlain},
+    {"depformer ffn in", 5632, 1024, GemvIn::kRmsNorm, ppx::kern::GemvOut::kGateUp},
+    {"depformer ffn out", 1024, 2816, GemvIn::kPlain},
+    {"depformer head", 2048, 1024, GemvIn::kPlain},
+};
+
+// The w8a16 GEMV (fp8 e4m3 weights, per-row scales) against the bf16 GEMV on every LM shape at
+// B = 1 and 4, each as a graph of 200 back-to-back launches over rotating weight copies larger than
+// L2. Effective bandwidth counts the bytes a launch must read: weights (bf16: 2NK; fp8: NK plus 4N
+// of scales) and the activations (B rows of K bf16, 2K for the SiLU-gate prologue).
+nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
+  using namespace ppx;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const Shape& sh : kShapes) {
+    const size_t wn = static_cast<size_t>(sh.N) * sh.K;
+    const size_t l2x = size_t{400} << 20;  // several times the 50 MB L2
+    const int copies16 = static_cast<int>(std::max<size_t>(2, l2x / (wn * 2)));
+    const int copies8 = static_cast<int>(std::max<size_t>(2, l2x / wn));
+    DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(4) * 2 * sh.K), alpha(sh.K),
+        y(static_cast<size_t>(4) * sh.N);
+    DeviceBuffer<__nv_fp8_e4m3> w8(wn * copies8);
+    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8);
+    kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
+    kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
+    kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
+    for (int i = 0; i < copies8; ++i) {
+      kern::quantize_fp8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, w8.get() + i * wn,
+                              scale.get() + static_cast<size_t>(i) * sh.N, s);
+    }
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int B : {1, 4}) {
+      auto args = [&](int i, bool fp8) {
+        kern::GemvArgs a;
+        if (fp8) {
+          a.w8 = w8.get() + (i % copies8) * wn;
+          a.w_scale = scale.get() + static_cast<size_t>(i % copies8) * sh.N;
+        } else {
+          a.w = w.get() + (i % copies16) * wn;
+        }
+        a.x = x.get();
+        a.x_stride = 2 * sh.K;
+        a.N = sh.N;
+        a.K = sh.K;
+        a.B = B;
+        a.alpha = alpha.get();
+        a.y = y.get();
+        a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
+        return a;
+      };
+      const int launches = 200;
+      const double t16 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, false), s); });
+      const double t8 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, true), s); });
+      const double act = static_cast<double>(B) * sh.K * 2 * (sh.in == GemvIn::kSiluGate ? 2 : 1);
+      const double bytes16 = 2.0 * wn + act, bytes8 = static_cast<double>(wn) + 4.0 * sh.N + act;
+      nlohmann::ordered_json r;
+      r["shape"] = sh.name;
+      r["N"] = sh.N;
+      r["K"] = sh.K;
+      r["B"] = B;
+      r["bf16_us"] = t16 * 1e3;
+      r["bf16_gb_s"] = bytes16 / (t16 * 1e-3) / 1e9;
+      r["fp8_us"] = t8 * 1e3;
+      r["fp8_gb_s"] = bytes8 / (t8 * 1e-3) / 1e9;
+      r["speedup"] = t16 / t8;
+      rows.push_back(r);
+      std::printf("%-32s N=%5d K=%5d B=%d  bf16 %7.2f us %6.0f GB/s   fp8 %7.2f us %6.0f GB/s   x%.2f\n", sh.name,
+                  sh.N, sh.K, B, t16 * 1e3, bytes16 / (t16 * 1e-3) / 1e9, t8 * 1e3, bytes8 / (t8 * 1e-3) / 1e9,
+                  t16 / t8);
+    }
+  }
+  return rows;
 }
 
 // The depformer's 16 steps (no sampling) at full size, random weights: the per-op kernels against
@@ -254,8 +347,8 @@ int bench(int argc, char** argv) {
   CLI::App app{"GPU ceilings and LM kernel throughput"};
   std::string out, only;
   app.add_option("--out", out, "write the JSON result here too");
-  app.add_option("--only", only, "run one section: copy, gemv, attention or depformer (for profilers)")
-      ->check(CLI::IsMember({"copy", "gemv", "attention", "depformer"}));
+  app.add_option("--only", only, "run one section: copy, gemv, gemv8, attention or depformer (for profilers)")
+      ->check(CLI::IsMember({"copy", "gemv", "gemv8", "attention", "depformer"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -284,29 +377,9 @@ int bench(int argc, char** argv) {
   cublasHandle_t h;
   CUBLAS_CHECK(cublasCreate(&h));
   CUBLAS_CHECK(cublasSetStream(h, s));
-  struct Shape {
-    const char* name;
-    int N, K;
-    ppx::kern::GemvIn in;
-    ppx::kern::GemvOut out = ppx::kern::GemvOut::kStore;
-  };
   using ppx::kern::GemvOut;
-  const Shape shapes[] = {
-      {"temporal qkv", 12288, 4096, ppx::kern::GemvIn::kRmsNorm},
-      {"temporal out", 4096, 4096, ppx::kern::GemvIn::kPlain},
-      {"temporal ffn in", 22528, 4096, ppx::kern::GemvIn::kRmsNorm, GemvOut::kGateUp},
-      {"temporal ffn out", 4096, 11264, ppx::kern::GemvIn::kPlain},
-      {"temporal ffn out (silu prologue)", 4096, 11264, ppx::kern::GemvIn::kSiluGate},
-      {"text head", 32000, 4096, ppx::kern::GemvIn::kRmsNorm},
-      {"depformer in", 1024, 4096, ppx::kern::GemvIn::kRmsNorm},
-      {"depformer qkv", 3072, 1024, ppx::kern::GemvIn::kRmsNorm},
-      {"depformer out", 1024, 1024, ppx::kern::GemvIn::kPlain},
-      {"depformer ffn in", 5632, 1024, ppx::kern::GemvIn::kRmsNorm, GemvOut::kGateUp},
-      {"depformer ffn out", 1024, 2816, ppx::kern::GemvIn::kPlain},
-      {"depformer head", 2048, 1024, ppx::kern::GemvIn::kPlain},
-  };
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (const Shape& sh : shapes) {
+  for (const Shape& sh : kShapes) {
     if (!want("gemv")) break;
     const size_t wn = static_cast<size_t>(sh.N) * sh.K;
     // Enough copies to exceed the 50 MB L2 several times over.
@@ -352,6 +425,7 @@ int bench(int argc, char** argv) {
   }
   cublasDestroy(h);
   if (want("gemv")) j["gemv"] = rows;
+  if (want("gemv8")) j["gemv8"] = gemv8_bench(s);
   if (want("attention")) j["temporal_attention"] = attention_bench(s);
   if (want("depformer")) j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();

@@ -1,0 +1,411 @@
+// The GEMV kernel family of lm_gemv.cuh, templated on the weight type WT (__nv_bfloat16 or
+// __nv_fp8_e4m3) so that both weight formats share one kernel, one set of prologues and
+// epilogues. Internal to the GEMV: included by lm_gemv.cu (bf16 instantiations, the public
+// entry points) and lm_gemv8.cu (fp8 instantiations), which compile in parallel.
+//
+// One warp computes R output rows for all B batch columns: each lane streams 16-byte chunks of
+// the weight rows (8 bf16 or 16 fp8 values) and the staged activations from shared memory; the
+// loop is unrolled so several 16-byte loads per lane are in flight, which is what a memory-bound
+// GEMV needs. The activation prologue is recomputed by every block (a few KB from L2) so that no
+// separate norm or gate kernel is launched.
+//
+// fp8 weights: each 16-byte chunk is used as two 8-value halves, converted with the e4m3x2 ->
+// half2 intrinsic (one instruction on sm_89+, software below) and widened to fp32; the row's
+// scale multiplies the fp32 dot product once, after the warp reduction and before the epilogue.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <stdexcept>
+
+#include "common.cuh"
+#include "lm_gemv.cuh"
+
+namespace ppx::kern::gemv_impl {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxSmemBytes = 100 * 1024;
+constexpr unsigned kEarlyTriggerBlocks = 384;
+
+namespace {  // a private copy of the kernels in each including file
+
+// The weight formats: values per 16-byte chunk and the [N, K] base pointer in GemvArgs.
+template <typename WT>
+struct Weights;
+template <>
+struct Weights<__nv_bfloat16> {
+  static constexpr int kPerChunk = 8;
+  static __device__ __forceinline__ const void* base(const GemvArgs& a) { return a.w; }
+};
+template <>
+struct Weights<__nv_fp8_e4m3> {
+  static constexpr int kPerChunk = 16;
+  static __device__ __forceinline__ const void* base(const GemvArgs& a) { return a.w8; }
+};
+
+// 4 e4m3 values packed in 32 bits -> 4 floats, in memory order (exact: every e4m3 value is a
+// half). sm_89+ converts pairs in hardware. Below, the bits are moved into half layout (sign; the
+// 4 exponent and 3 mantissa bits at the bottom of half's exponent and top of its mantissa) and
+// the bias difference (15 - 7) is restored by an exact multiplication by 2^8, subnormals
+// included; the NaN code 0x7f (never written by quantize_fp8_rows) reads as 480 there.
+__device__ __forceinline__ void fp8x4_to_float(uint32_t v, float* f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3));
+  const __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3));
+#else
+  const uint32_t x0 = __byte_perm(v, 0u, 0x1404), x1 = __byte_perm(v, 0u, 0x3424);  // bytes to 1 and 3
+  const uint32_t h0 = ((x0 >> 1) & 0x3F803F80u) | (x0 & 0x80008000u);
+  const uint32_t h1 = ((x1 >> 1) & 0x3F803F80u) | (x1 & 0x80008000u);
+  const __half2 k256 = __float2half2_rn(256.f);
+  const __half2 lo = __hmul2(__halves2half2(__ushort_as_half(static_cast<unsigned short>(h0 & 0xffffu)),
+                                            __ushort_as_half(static_cast<unsigned short>(h0 >> 16))), k256);
+  const __half2 hi = __hmul2(__halves2half2(__ushort_as_half(static_cast<unsigned short>(h1 & 0xffffu)),
+                                            __ushort_as_half(static_cast<unsigned short>(h1 >> 16))), k256);
+#endif
+  const float2 a = __half22float2(lo), b = __half22float2(hi);
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+// The 8 weights of half `h` (0 or 1; always 0 for bf16) of a 16-byte chunk, as floats.
+template <typename WT>
+__device__ __forceinline__ void weights_to_float(const uint4& v, bool h, float* f) {
+  if constexpr (Weights<WT>::kPerChunk == 8) {
+    bf16x8_to_float(v, f);
+  } else {
+    fp8x4_to_float(h ? v.z : v.x, f);
+    fp8x4_to_float(h ? v.w : v.y, f + 4);
+  }
+}
+
+// The embedding row of batch row b's token in a [table_rows, width] table (kAddEmb, kEmbRmsNorm):
+// nullptr for token -1 (nothing added), other out-of-range tokens clamp.
+__device__ __forceinline__ const __nv_bfloat16* embedding_row(const GemvArgs& a, int b, int width) {
+  int tok = a.token[b];
+  if (tok == -1) return nullptr;
+  tok = tok < 0 ? 0 : (tok >= a.table_rows ? a.table_rows - 1 : tok);
+  return a.table + static_cast<int64_t>(tok) * width;
+}
+
+// rsqrt(mean(x^2) + eps) from this thread's share of the sum of squares (a block reduction).
+__device__ __forceinline__ float rms_scale(float ss, int K, float eps, float* red) {
+  ss = block_sum(ss, red);
+  return rsqrtf(ss / static_cast<float>(K) + eps);
+}
+
+template <GemvIn IN, int B>
+__device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
+  const int K = a.K;
+  for (int b = 0; b < B; ++b) {
+    const __nv_bfloat16* x = a.x + b * a.x_stride;
+    __nv_bfloat16* dst = xs + b * K;
+    if constexpr (IN == GemvIn::kPlain) {
+      for (int k = threadIdx.x * 8; k < K; k += kThreads * 8) {
+        *reinterpret_cast<uint4*>(dst + k) = *reinterpret_cast<const uint4*>(x + k);
+      }
+    } else if constexpr (IN == GemvIn::kRmsNorm) {
+      float ss = 0.f;
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float v = __bfloat162float(x[k]);
+        ss += v * v;
+      }
+      const float r = rms_scale(ss, K, a.eps, red);
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float al = __bfloat162float(a.alpha[k]) * r;
+        dst[k] = __float2bfloat16(__bfloat162float(x[k]) * al);
+      }
+    } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
+      const __nv_bfloat16* e = embedding_row(a, b, K);
+      float ss = 0.f;
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const __nv_bfloat16 z = __float2bfloat16(__bfloat162float(x[k]) + (e ? __bfloat162float(e[k]) : 0.f));
+        dst[k] = z;
+        const float v = __bfloat162float(z);
+        ss += v * v;
+      }
+      const float r = rms_scale(ss, K, a.eps, red);
+      for (int k = threadIdx.x; k < K; k += kThreads) {  // each thread rewrites only its own entries
+        const __nv_bfloat16 z = dst[k];
+        if (blockIdx.x == 0) a.x_out[static_cast<int64_t>(b) * K + k] = z;
+        const float al = __bfloat162float(a.alpha[k]) * r;
+        dst[k] = __float2bfloat16(__bfloat162float(z) * al);
+      }
+    } else if constexpr (IN == GemvIn::kSiluGate) {
+      for (int k = threadIdx.x; k < K; k += kThreads) {
+        const float g = __bfloat162float(x[k]);
+        const float u = __bfloat162float(x[K + k]);
+        dst[k] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+      }
+    } else {  // kDepAttn: one warp per head (looping), lanes over head dims
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      const int hd = K / a.heads, dpl = hd / 32, E = a.step + 1;
+      const float scale = rsqrtf(static_cast<float>(hd));
+      for (int h = warp; h < a.heads; h += kWarps) {
+        const int off = h * hd + lane * dpl;
+        float qf[4], acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < dpl; ++j) qf[j] = __bfloat162float(x[off + j]);
+        float m = -INFINITY, l = 0.f;
+        for (int idx = 0; idx < a.ring; ++idx) {
+          // Upstream's ring visibility with E = step + 1 tokens and no context limit.
+          if (idx >= E) continue;
+          const int delta = idx - E % a.ring;
+          const int label = delta <= 0 ? E + delta : E + delta - a.ring;
+          if (label < 0 || a.step - label < 0) continue;
+          const __nv_bfloat16* kp = idx == a.step ? x + K + off : a.kc + static_cast<int64_t>(idx) * K + off;
+          const __nv_bfloat16* vp = idx == a.step ? x + 2 * K + off : a.vc + static_cast<int64_t>(idx) * K + off;
+          float sd = 0.f;
+          for (int j = 0; j < dpl; ++j) sd += qf[j] * __bfloat162float(kp[j]);
+          sd = warp_sum(sd) * scale;
+          const float mn = fmaxf(m, sd), corr = expf(m - mn), p = expf(sd - mn);
+          l = l * corr + p;
+          for (int j = 0; j < dpl; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vp[j]);
+          m = mn;
+        }
+        for (int j = 0; j < dpl; ++j) dst[off + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);
+      }
+      if (blockIdx.x == 0) {  // append this step's key and value for the later steps
+        const int64_t slot = static_cast<int64_t>(a.step % a.ring) * K;
+        for (int k = threadIdx.x; k < K; k += kThreads) {
+          a.kc[slot + k] = x[K + k];
+          a.vc[slot + k] = x[2 * K + k];
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <GemvOut OUT>
+__device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float acc) {
+  const float r = __bfloat162float(__float2bfloat16(acc));
+  if constexpr (OUT == GemvOut::kStore) {
+    a.y[b * a.y_stride + n] = __float2bfloat16(r);
+  } else if constexpr (OUT == GemvOut::kResidual) {
+    __nv_bfloat16* p = a.y + b * a.y_stride + n;
+    *p = __float2bfloat16(__bfloat162float(*p) + r);
+  } else if constexpr (OUT == GemvOut::kLogits) {
+    a.yf[b * a.y_stride + n] = r;
+  } else {  // kAddEmb
+    const __nv_bfloat16* row = embedding_row(a, b, a.N);
+    const float e = row ? __bfloat162float(row[n]) : 0.f;
+    a.y[b * a.y_stride + n] = __float2bfloat16(r + e);
+  }
+}
+
+// kGateUp: each warp owns logical row n < N/2 and reads weight rows n and n + N/2 (R == 2).
+template <typename WT, GemvIn IN, GemvOut OUT, int B, int R>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [B, K]
+  __shared__ float red[32];
+  constexpr int E = Weights<WT>::kPerChunk;   // weights per 16-byte chunk
+  constexpr int H = E / 8;                    // 8-value halves per chunk
+  constexpr bool kScaled = H == 2;            // fp8: per-row scales
+  // Small grids let the next kernel launch early (its blocks fit beside ours); large ones do not,
+  // since waiting blocks would take the slots this memory-bound kernel needs.
+  if (gridDim.x <= kEarlyTriggerBlocks) pdl_trigger();
+  constexpr bool kPairs = OUT == GemvOut::kGateUp;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = a.K;
+  const int rows = kPairs ? a.N / 2 : a.N;
+  const int row0 = kPairs ? blockIdx.x * kWarps + warp : (blockIdx.x * kWarps + warp) * R;
+  const WT* w = static_cast<const WT*>(Weights<WT>::base(a));
+  const uint4* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int n = kPairs ? min(row0, rows - 1) + r * rows : min(row0 + r, a.N - 1);
+    wrow[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K);
+  }
+  // The weights do not depend on earlier kernels: a small grid (which may start early, beside its
+  // predecessor) pulls them into L2 before waiting. Large grids skip it: there the extra requests
+  // cost about 30% (measured on an H200, bench/results/h200_2026-12-02_v2).
+  if (gridDim.x <= kEarlyTriggerBlocks && row0 < rows) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const char* base = reinterpret_cast<const char*>(wrow[r]);
+      for (int off = lane * 128; off < K * static_cast<int>(sizeof(WT)); off += 32 * 128) prefetch_l2(base + off);
+    }
+  }
+  pdl_wait();
+  stage_x<IN, B>(a, xs, red);
+  if (row0 >= rows) return;
+  float acc[R][B];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
+
+  // fp8: a lane's 32 bytes of x per chunk are read as two 16-byte halves; lanes 4-7 of each
+  // quarter warp take them in the other order so that the 8 lanes of a shared-memory wavefront
+  // hit distinct banks (lane addresses are 32 bytes apart).
+  const bool swap = H == 2 && (lane & 4) != 0;
+  const int chunks = K / E;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const bool hh = (h != 0) != swap;
+      float xf[B][8];
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + b * K + c * E + (hh ? 8 : 0)), xf[b]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        weights_to_float<WT>(wv[r], hh, wf);
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
+  if (lane == 0) {
+    if constexpr (kScaled) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float sc = __ldg(a.w_scale + (kPairs ? row0 + r * rows : min(row0 + r, a.N - 1)));
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[r][b] *= sc;
+      }
+    }
+    if constexpr (kPairs) {
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float g = __bfloat162float(__float2bfloat16(acc[0][b]));
+        const float u = __bfloat162float(__float2bfloat16(acc[1][b]));
+        a.y[b * a.y_stride + row0] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (row0 + r < a.N) {
+#pragma unroll
+          for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+        }
+      }
+    }
+  }
+}
+
+template <typename WT, GemvIn IN, GemvOut OUT, int B, int R>
+void launch(const GemvArgs& a, cudaStream_t s) {
+  const int rows_per_block = OUT == GemvOut::kGateUp ? kWarps : kWarps * R;
+  const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
+  const int blocks = (rows + rows_per_block - 1) / rows_per_block;
+  const size_t smem = static_cast<size_t>(a.K) * B * sizeof(__nv_bfloat16);
+  pdl_launch(gemv_kernel<WT, IN, OUT, B, R>, dim3(blocks), dim3(kThreads), smem, s, a);
+}
+
+// Rows per warp: two once there are enough rows to fill the GPU several times over (bf16 from
+// N = 8192; fp8 rows are half the bytes, so from N = 4096, which also halves the shared-memory
+// reads of x per weight byte); the gated projection always reads its two rows (gate, up) per warp.
+template <typename WT>
+constexpr int kTwoRowsFrom = sizeof(WT) == 1 ? 4096 : 8192;
+
+template <typename WT, GemvIn IN, GemvOut OUT, int B>
+void by_rows(const GemvArgs& a, cudaStream_t s) {
+  if constexpr (OUT == GemvOut::kGateUp) {
+    launch<WT, IN, OUT, B, 2>(a, s);
+  } else {
+    if (a.N >= kTwoRowsFrom<WT>) {
+      launch<WT, IN, OUT, B, 2>(a, s);
+    } else {
+      launch<WT, IN, OUT, B, 1>(a, s);
+    }
+  }
+}
+
+template <typename WT, GemvIn IN, GemvOut OUT>
+void by_batch(const GemvArgs& a, cudaStream_t s) {
+  switch (a.B) {
+    case 1: by_rows<WT, IN, OUT, 1>(a, s); break;
+    case 2: by_rows<WT, IN, OUT, 2>(a, s); break;
+    case 3: by_rows<WT, IN, OUT, 3>(a, s); break;
+    case 4: by_rows<WT, IN, OUT, 4>(a, s); break;
+    default: throw std::runtime_error("gemv: batch must be 1..4");
+  }
+}
+
+template <typename WT, GemvIn IN>
+void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
+  if constexpr (IN == GemvIn::kDepAttn) {
+    if (out != GemvOut::kResidual || a.B != 1) throw std::runtime_error("gemv: kDepAttn needs kResidual, B = 1");
+    launch<WT, IN, GemvOut::kResidual, 1, 1>(a, s);
+  } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
+    if (out != GemvOut::kStore) throw std::runtime_error("gemv: kEmbRmsNorm needs kStore");
+    by_batch<WT, IN, GemvOut::kStore>(a, s);
+  } else {
+    switch (out) {
+      case GemvOut::kStore: by_batch<WT, IN, GemvOut::kStore>(a, s); break;
+      case GemvOut::kResidual: by_batch<WT, IN, GemvOut::kResidual>(a, s); break;
+      case GemvOut::kLogits: by_batch<WT, IN, GemvOut::kLogits>(a, s); break;
+      case GemvOut::kAddEmb: by_batch<WT, IN, GemvOut::kAddEmb>(a, s); break;
+      case GemvOut::kGateUp: by_batch<WT, IN, GemvOut::kGateUp>(a, s); break;
+    }
+  }
+}
+
+// Every instantiation of one weight type, by prologue (arguments already checked by gemv()).
+template <typename WT>
+void dispatch(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
+  switch (in) {
+    case GemvIn::kPlain: by_out<WT, GemvIn::kPlain>(out, a, s); break;
+    case GemvIn::kRmsNorm: by_out<WT, GemvIn::kRmsNorm>(out, a, s); break;
+    case GemvIn::kSiluGate: by_out<WT, GemvIn::kSiluGate>(out, a, s); break;
+    case GemvIn::kDepAttn: by_out<WT, GemvIn::kDepAttn>(out, a, s); break;
+    case GemvIn::kEmbRmsNorm: by_out<WT, GemvIn::kEmbRmsNorm>(out, a, s); break;
+  }
+}
+
+template <typename WT, GemvIn IN, GemvOut OUT, int B>
+void set_attrs_b() {
+  if constexpr (OUT != GemvOut::kGateUp) {
+    cudaFuncSetAttribute(gemv_kernel<WT, IN, OUT, B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+  }
+  cudaFuncSetAttribute(gemv_kernel<WT, IN, OUT, B, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+}
+template <typename WT, GemvIn IN, GemvOut OUT>
+void set_attrs_o() {
+  set_attrs_b<WT, IN, OUT, 1>();
+  set_attrs_b<WT, IN, OUT, 2>();
+  set_attrs_b<WT, IN, OUT, 3>();
+  set_attrs_b<WT, IN, OUT, 4>();
+}
+template <typename WT, GemvIn IN>
+void set_attrs_i() {
+  set_attrs_o<WT, IN, GemvOut::kStore>();
+  set_attrs_o<WT, IN, GemvOut::kResidual>();
+  set_attrs_o<WT, IN, GemvOut::kLogits>();
+  set_attrs_o<WT, IN, GemvOut::kAddEmb>();
+  set_attrs_o<WT, IN, GemvOut::kGateUp>();
+}
+
+// The shared-memory opt-in of every instantiation of one weight type.
+template <typename WT>
+void init() {
+  set_attrs_i<WT, GemvIn::kPlain>();
+  set_attrs_i<WT, GemvIn::kRmsNorm>();
+  set_attrs_i<WT, GemvIn::kSiluGate>();
+  set_attrs_o<WT, GemvIn::kEmbRmsNorm, GemvOut::kStore>();
+  cudaFuncSetAttribute(gemv_kernel<WT, GemvIn::kDepAttn, GemvOut::kResidual, 1, 1>,
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
+}
+
+}  // namespace
+
+// Defined in lm_gemv8.cu: dispatch<__nv_fp8_e4m3> and init<__nv_fp8_e4m3>, compiled there.
+void dispatch_fp8(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+void init_fp8();
+
+}  // namespace ppx::kern::gemv_impl

@@ -1,0 +1,37 @@
+// One block per weight row: a block max of |w|, then each thread converts its strided share.
+#include "lm_quant.cuh"
+
+#include <stdexcept>
+
+#include "common.cuh"
+
+namespace ppx::kern {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kFp8Max = 448.f;
+
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bfloat16* w, int K, __nv_fp8_e4m3* q,
+                                                                 float* scale) {
+  __shared__ float red[32];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
+  float m = 0.f;
+  for (int k = threadIdx.x; k < K; k += kThreads) m = fmaxf(m, fabsf(__bfloat162float(w[row + k])));
+  m = block_max(m, red);
+  const float sc = m > 0.f ? __fdiv_rn(m, kFp8Max) : 1.f;
+  if (threadIdx.x == 0) scale[blockIdx.x] = sc;
+  __nv_fp8_storage_t* out = reinterpret_cast<__nv_fp8_storage_t*>(q) + row;
+  for (int k = threadIdx.x; k < K; k += kThreads) {
+    out[k] = __nv_cvt_float_to_fp8(__fdiv_rn(__bfloat162float(w[row + k]), sc), __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+}  // namespace
+
+void quantize_fp8_rows(const __nv_bfloat16* w, int N, int K, __nv_fp8_e4m3* q, float* scale, cudaStream_t s) {
+  if (N < 0 || K < 1) throw std::runtime_error("quantize_fp8_rows: need N >= 0 and K >= 1");
+  if (N == 0) return;
+  quantize_rows_kernel<<<N, kThreads, 0, s>>>(w, K, q, scale);
+}
+
+}  // namespace ppx::kern

@@ -1,0 +1,24 @@
+// Weight quantization for the w8a16 GEMV (lm_gemv.cuh with GemvArgs::w8): bf16 [N, K] -> fp8
+// e4m3 [N, K] plus one fp32 scale per row (per output channel).
+//
+// Scheme: scale[n] = max_k |w[n, k]| / 448 (448 is e4m3's largest finite value), or 1 for a row
+// of zeros; q[n, k] = e4m3(w[n, k] / scale[n]), rounded to nearest (ties to even) and saturated
+// to +-448 (never NaN for finite input). The division is IEEE fp32. Dequantized weights are
+// float(q[n, k]) * scale[n]: the largest entry of each row maps to +-448, e4m3 keeps 3 mantissa
+// bits (relative error <= 2^-4 per weight for |w| >= 2^-6 * scale, absolute <= 2^-10 * scale
+// below). Inputs must be finite.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ppx::kern {
+
+// Quantizes w [N, K] (row-major, any K >= 1) into q [N, K] and scale [N] on stream s.
+// Throws std::runtime_error on N < 0 or K < 1.
+void quantize_fp8_rows(const __nv_bfloat16* w, int N, int K, __nv_fp8_e4m3* q, float* scale, cudaStream_t s);
+
+}  // namespace ppx::kern

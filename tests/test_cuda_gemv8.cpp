@@ -1,0 +1,333 @@
+// The w8a16 GEMV (kern::gemv with fp8 e4m3 weights and per-row scales) and the row quantizer
+// (kern::quantize_fp8_rows) against host references. The GEMV is held tightly to a double-precision
+// host GEMV over the dequantized weights (same prologue and epilogue roundings) and loosely to the
+// one over the original bf16 weights (the quantization error itself). GPU cases skip without a GPU.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/cuda_util.h"
+#include "lm_gemv.cuh"
+#include "lm_misc.cuh"
+#include "lm_quant.cuh"
+
+using namespace ppx;
+using kern::GemvIn;
+using kern::GemvOut;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// e4m3 (OCP FP8, bias 7, no infinities, 0x7f / 0xff are NaN) to float, written from the format's
+// definition (independent of cuda_fp8.h).
+double fp8_e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+// Round to bf16 (nearest even) and back, for finite x.
+float bf16r(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+std::vector<float> to_host(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
+  std::vector<__nv_bfloat16> h(d.size());
+  PPX_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+template <typename T>
+std::vector<T> to_host_raw(const T* d, size_t n) {
+  std::vector<T> h(n);
+  PPX_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// f(begin, end) over [0, n) on all cores.
+void parallel_rows(int n, const std::function<void(int, int)>& f) {
+  const int t = std::max(1, std::min<int>(static_cast<int>(std::thread::hardware_concurrency()), 32));
+  std::vector<std::thread> th;
+  const int per = (n + t - 1) / t;
+  for (int i = 0; i < t; ++i) {
+    const int b = i * per, e = std::min(n, b + per);
+    if (b < e) th.emplace_back(f, b, e);
+  }
+  for (auto& x : th) x.join();
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The prologue of `in` on the host, as the kernel computes it: x [B, 2K] -> staged [B, K], bf16-rounded.
+std::vector<float> host_prologue(GemvIn in, const std::vector<float>& x, const std::vector<float>& alpha, int B,
+                                 int K, float eps) {
+  std::vector<float> xs(static_cast<size_t>(B) * K);
+  for (int b = 0; b < B; ++b) {
+    const float* xb = x.data() + static_cast<size_t>(b) * 2 * K;
+    float* d = xs.data() + static_cast<size_t>(b) * K;
+    if (in == GemvIn::kPlain) {
+      for (int k = 0; k < K; ++k) d[k] = xb[k];
+    } else if (in == GemvIn::kRmsNorm) {
+      double ss = 0;
+      for (int k = 0; k < K; ++k) ss += static_cast<double>(xb[k]) * xb[k];
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / K + eps));
+      for (int k = 0; k < K; ++k) d[k] = bf16r(xb[k] * (alpha[k] * r));
+    } else if (in == GemvIn::kSiluGate) {
+      for (int k = 0; k < K; ++k) d[k] = bf16r(xb[k] / (1.f + std::exp(-xb[k])) * xb[K + k]);
+    } else {
+      throw std::logic_error("host_prologue: unsupported prologue");
+    }
+  }
+  return xs;
+}
+
+// The GEMV and epilogue `out` on the host: acc[b, n] = scale[n] * sum_k wq[n, k] * xs[b, k] in
+// double (scale = 1 for unquantized weights), then the epilogue's roundings. y0 is the residual
+// stream for kResidual. Returns [B, N] (kGateUp: [B, N/2]).
+std::vector<float> host_gemv(GemvOut out, const std::vector<float>& w, const std::vector<float>& scale,
+                             const std::vector<float>& xs, const std::vector<float>& y0, int B, int N, int K) {
+  std::vector<double> acc(static_cast<size_t>(B) * N);
+  parallel_rows(N, [&](int n0, int n1) {
+    for (int n = n0; n < n1; ++n) {
+      const float* wr = w.data() + static_cast<size_t>(n) * K;
+      for (int b = 0; b < B; ++b) {
+        const float* xb = xs.data() + static_cast<size_t>(b) * K;
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += static_cast<double>(wr[k]) * xb[k];
+        acc[static_cast<size_t>(b) * N + n] = s * (scale.empty() ? 1.0 : scale[n]);
+      }
+    }
+  });
+  const int NO = out == GemvOut::kGateUp ? N / 2 : N;
+  std::vector<float> y(static_cast<size_t>(B) * NO);
+  for (int b = 0; b < B; ++b) {
+    for (int n = 0; n < NO; ++n) {
+      const float r = bf16r(static_cast<float>(acc[static_cast<size_t>(b) * N + n]));
+      float& o = y[static_cast<size_t>(b) * NO + n];
+      if (out == GemvOut::kGateUp) {
+        const float u = bf16r(static_cast<float>(acc[static_cast<size_t>(b) * N + n + NO]));
+        o = bf16r(r / (1.f + std::exp(-r)) * u);
+      } else if (out == GemvOut::kResidual) {
+        o = bf16r(y0[static_cast<size_t>(b) * N + n] + r);
+      } else {
+        o = r;  // kStore (bf16) and kLogits (float of the bf16-rounded value)
+      }
+    }
+  }
+  return y;
+}
+
+const char* name(GemvIn in) {
+  switch (in) {
+    case GemvIn::kPlain: return "plain";
+    case GemvIn::kRmsNorm: return "rmsnorm";
+    case GemvIn::kSiluGate: return "silugate";
+    default: return "?";
+  }
+}
+const char* name(GemvOut out) {
+  switch (out) {
+    case GemvOut::kStore: return "store";
+    case GemvOut::kResidual: return "residual";
+    case GemvOut::kLogits: return "logits";
+    case GemvOut::kGateUp: return "gateup";
+    default: return "?";
+  }
+}
+
+struct Case {
+  GemvIn in;
+  GemvOut out;
+  int N, K;
+};
+
+// Quantizes random bf16 weights [N, K] on the device, then for B = 1..4 runs the fp8 GEMV and
+// compares with the host references.
+void check_case(const Case& c) {
+  const int N = c.N, K = c.K;
+  const float eps = 1e-5f;
+  const size_t wn = static_cast<size_t>(N) * K;
+  cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(static_cast<size_t>(4) * 2 * K), alpha(K), y0(static_cast<size_t>(4) * N),
+      y(static_cast<size_t>(4) * N);
+  cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
+  cuda::DeviceBuffer<float> scale(N), yf(static_cast<size_t>(4) * N);
+  const uint64_t seed = static_cast<uint64_t>(N) * 131 + K;
+  kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), seed, 0.02f, 0.f, nullptr);
+  // Rows of different magnitudes (scales) and, where there are enough rows, a row of zeros.
+  for (int n = 0; n < std::min(N, 8); ++n) {
+    kern::fill_random_bf16(w.get() + static_cast<size_t>(n) * K, K, seed + 7 + n, std::ldexp(0.02f, n - 4), 0.f, nullptr);
+  }
+  if (N > 3) PPX_CUDA_CHECK(cudaMemset(w.get() + static_cast<size_t>(3) * K, 0, K * sizeof(__nv_bfloat16)));
+  kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), seed + 1, 1.f, 0.f, nullptr);
+  kern::fill_random_bf16(alpha.get(), K, seed + 2, 0.05f, 1.f, nullptr);
+  kern::fill_random_bf16(y0.get(), static_cast<int64_t>(y0.size()), seed + 3, 0.01f, 0.f, nullptr);
+  kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  PPX_CUDA_CHECK(cudaGetLastError());
+
+  const std::vector<float> hw = to_host(w), hx = to_host(x), ha = to_host(alpha), hy0 = to_host(y0);
+  const std::vector<float> hs = to_host_raw(scale.get(), N);
+  const std::vector<uint8_t> hq = to_host_raw(reinterpret_cast<const uint8_t*>(q.get()), wn);
+  std::vector<float> hdq(wn);  // float(q): the scale is applied to the dot product, as in the kernel
+  parallel_rows(N, [&](int n0, int n1) {
+    for (size_t i = static_cast<size_t>(n0) * K; i < static_cast<size_t>(n1) * K; ++i) {
+      hdq[i] = static_cast<float>(fp8_e4m3_value(hq[i]));
+    }
+  });
+
+  for (int B = 1; B <= 4; ++B) {
+    SCOPED_TRACE(testing::Message() << name(c.in) << "/" << name(c.out) << " N=" << N << " K=" << K << " B=" << B);
+    const int NO = c.out == GemvOut::kGateUp ? N / 2 : N;
+    PPX_CUDA_CHECK(cudaMemcpy(y.get(), y0.get(), y0.bytes(), cudaMemcpyDeviceToDevice));
+    kern::GemvArgs a;
+    a.w8 = q.get();
+    a.w_scale = scale.get();
+    a.x = x.get();
+    a.x_stride = 2 * K;
+    a.N = N;
+    a.K = K;
+    a.B = B;
+    a.alpha = alpha.get();
+    a.eps = eps;
+    a.y = y.get();
+    a.yf = yf.get();
+    a.y_stride = NO;
+    if (c.out == GemvOut::kResidual) a.y_stride = N;
+    kern::gemv(c.in, c.out, a, nullptr);
+    PPX_CUDA_CHECK(cudaGetLastError());
+    PPX_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got;
+    if (c.out == GemvOut::kLogits) {
+      const std::vector<float> f = to_host_raw(yf.get(), static_cast<size_t>(B) * NO);
+      got = f;
+    } else {
+      got = to_host(y);
+      got.resize(static_cast<size_t>(B) * NO);
+    }
+    // y0 in the layout the kernel reads (stride N, the first B rows).
+    const std::vector<float> xs = host_prologue(c.in, hx, ha, B, K, eps);
+    const std::vector<float> ref_q = host_gemv(c.out, hdq, hs, xs, hy0, B, N, K);
+    const std::vector<float> ref_w = host_gemv(c.out, hw, {}, xs, hy0, B, N, K);
+    bool finite = true;
+    for (float v : got) finite = finite && std::isfinite(v);
+    ASSERT_TRUE(finite);
+    const double eq = rel_l2(got, ref_q), ew = rel_l2(got, ref_w);
+    std::printf("gemv8 %-8s/%-8s N=%5d K=%5d B=%d: rel L2 vs dequantized %.2e, vs bf16 weights %.2e\n", name(c.in),
+                name(c.out), N, K, B, eq, ew);
+    EXPECT_LE(eq, 1e-3);
+    EXPECT_LE(ew, 5e-2);
+  }
+}
+
+}  // namespace
+
+// The quantizer on crafted rows: zeros, mixed signs and magnitudes over many binades (subnormal
+// e4m3 codes included), one large outlier. scale = max|w| / 448 exactly (1 for zeros) and every
+// code is a nearest finite e4m3 value to w / scale.
+TEST(CudaGemv8, QuantizeRowsIsNearestWithMaxScale) {
+  SKIP_WITHOUT_GPU();
+  const int N = 5, K = 200;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> wf(static_cast<size_t>(N) * K);
+  for (int k = 0; k < K; ++k) {
+    wf[0 * K + k] = 0.f;
+    wf[1 * K + k] = u(rng);
+    wf[2 * K + k] = std::ldexp(u(rng), -(k % 24));  // down to 2^-24 of the max: e4m3 subnormals and 0
+    wf[3 * K + k] = k == 17 ? -300.f : u(rng) * 1e-2f;
+    wf[4 * K + k] = std::ldexp(1.f + (k % 8) / 8.f + 1.f / 32.f, -(k % 12));  // ties and near-ties
+  }
+  std::vector<__nv_bfloat16> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) {
+    wb[i] = __float2bfloat16(wf[i]);
+    wf[i] = __bfloat162float(wb[i]);
+  }
+  cuda::DeviceBuffer<__nv_bfloat16> w(wb.size());
+  cuda::DeviceBuffer<__nv_fp8_e4m3> q(wb.size());
+  cuda::DeviceBuffer<float> scale(N);
+  w.upload(wb.data(), wb.size());
+  kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> hs = to_host_raw(scale.get(), N);
+  const std::vector<uint8_t> hq = to_host_raw(reinterpret_cast<const uint8_t*>(q.get()), wb.size());
+  for (int n = 0; n < N; ++n) {
+    float mx = 0.f;
+    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(wf[static_cast<size_t>(n) * K + k]));
+    const float want = mx > 0.f ? mx / 448.f : 1.f;
+    EXPECT_EQ(hs[n], want) << "row " << n;
+    for (int k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(n) * K + k;
+      const double v = wf[i] / hs[n];  // fp32 division, as the kernel
+      const double v32 = static_cast<float>(wf[i] / hs[n]);
+      const double got = fp8_e4m3_value(hq[i]);
+      ASSERT_FALSE(std::isnan(got)) << "row " << n << " k " << k;
+      double best = std::numeric_limits<double>::infinity();
+      for (int code = 0; code < 256; ++code) {
+        const double c = fp8_e4m3_value(static_cast<uint8_t>(code));
+        if (!std::isnan(c)) best = std::min(best, std::fabs(c - v32));
+      }
+      EXPECT_EQ(std::fabs(got - v32), best) << "row " << n << " k " << k << " w/scale " << v;
+      if (std::fabs(wf[i]) == mx && mx > 0.f) {
+        EXPECT_EQ(std::fabs(got), 448.0) << "row " << n << " k " << k;
+      }
+    }
+  }
+}
+
+// Model shapes (temporal out / QKV-like, FFN gate-up, FFN out, text head, depformer) and a small
+// odd one, each with the prologue/epilogue pairs the LM uses on it.
+TEST(CudaGemv8, MatchesHostReferenceOnModelShapes) {
+  SKIP_WITHOUT_GPU();
+  kern::gemv_init();
+  const Case cases[] = {
+      {GemvIn::kPlain, GemvOut::kStore, 40, 96},        {GemvIn::kRmsNorm, GemvOut::kStore, 40, 96},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 40, 96},  {GemvIn::kPlain, GemvOut::kGateUp, 40, 96},
+      {GemvIn::kRmsNorm, GemvOut::kLogits, 40, 96},     {GemvIn::kPlain, GemvOut::kStore, 1024, 1024},
+      {GemvIn::kRmsNorm, GemvOut::kLogits, 1024, 1024}, {GemvIn::kPlain, GemvOut::kStore, 4096, 4096},
+      {GemvIn::kRmsNorm, GemvOut::kStore, 4096, 4096},  {GemvIn::kPlain, GemvOut::kGateUp, 11264 * 2, 4096},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 32000, 4096},
+      {GemvIn::kPlain, GemvOut::kStore, 8200, 1040},    // the two-rows-per-warp path with a partial last warp
+  };
+  for (const Case& c : cases) check_case(c);
+}
+
+// The argument checks of the fp8 path (host only: they throw before anything is launched).
+TEST(CudaGemv8, RejectsBadArguments) {
+  kern::GemvArgs a;
+  a.w8 = reinterpret_cast<const __nv_fp8_e4m3*>(16);
+  a.w_scale = reinterpret_cast<const float*>(16);
+  a.N = 64;
+  a.K = 104;  // a multiple of 8, not of 16
+  EXPECT_THROW(kern::gemv(GemvIn::kPlain, GemvOut::kStore, a, nullptr), std::runtime_error);
+  a.K = 96;
+  a.w_scale = nullptr;
+  EXPECT_THROW(kern::gemv(GemvIn::kPlain, GemvOut::kStore, a, nullptr), std::runtime_error);
+  EXPECT_THROW(kern::quantize_fp8_rows(nullptr, 4, 0, nullptr, nullptr, nullptr), std::runtime_error);
+}
