@@ -6,3 +6,5 @@ mkdir -p "$OUT" /tmp/devrun
 tar -xJf devpkg/devrun.tar.xz -C /tmp/devrun
 export LD_LIBRARY_PATH=/tmp/devrun/lib:${LD_LIBRARY_PATH:-}
 B=/tmp/devrun/bin
+# The test binaries bake this machine's source paths in: point them at this checkout.
+export PPX_TEST_DATA_DIR=$PWD/tests/data PPX_TEST_CONFIG_DIR=$PWD/configs PPX_SERVER_BIN=$B/personaplex-server

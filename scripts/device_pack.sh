@@ -6,13 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${1:-90-real}
+bdir=${PPX_DEV_BUILD:-build-dev}  # PPX_DEV_BUILD=build reuses an sm_90 build/ instead of a second tree
 scripts/setup.sh
-cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPX_CUDA=ON -DPPX_CUDA_ARCHS="$arch" >/dev/null
-cmake --build build-dev -j "$(nproc)"
+cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPX_CUDA=ON -DPPX_CUDA_ARCHS="$arch" >/dev/null
+cmake --build "$bdir" -j "$(nproc)"
 rm -rf devrun && mkdir -p devrun/bin devrun/lib
-for b in src/personaplex-verify src/personaplex-offline bench/personaplex-bench bench/personaplex-bench-mimi \
-         bench/personaplex-bench-kernels tests/ppx_cuda_tests tests/ppx_server_tests; do
-  [ -f "build-dev/$b" ] && cp "build-dev/$b" devrun/bin/ && strip devrun/bin/"$(basename "$b")"
+# PPX_DEV_BINS: a subset (the working tree and the pack travel within 64 MiB; ~6 MiB a binary).
+bins=${PPX_DEV_BINS:-"src/personaplex-verify src/personaplex-offline src/personaplex-server bench/personaplex-bench
+      bench/personaplex-bench-mimi bench/personaplex-bench-kernels tests/ppx_cuda_tests tests/ppx_server_tests"}
+for b in $bins; do
+  [ -f "$bdir/$b" ] && cp "$bdir/$b" devrun/bin/ && strip devrun/bin/"$(basename "$b")"
 done
 # Non-system shared libraries (everything but glibc, libstdc++/libgcc and the CUDA driver).
 ldd devrun/bin/* | awk '/=> \//{print $3}' | sort -u | grep -v -E 'libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s|libcuda\.so|libcublas' |

@@ -78,7 +78,7 @@ class SoakTest : public ServerTest {
     stop = true;
     hostile.join();
 
-    EXPECT_GE(runs.load(), 3) << name;
+    EXPECT_GE(runs.load(), 1) << name;  // the attack ran (and ended) during the conversation
     EXPECT_TRUE(crowd.ex.errors.empty()) << name << ": " << crowd.ex.errors.front();
     // Output duration equals input within one frame.
     ppx::OggOpusReader reader(24000);
