@@ -21,13 +21,9 @@ int bench(int argc, char** argv) {
   CLI::App app{"Per-frame latency of the full conversation step (encode, LM, decode)"};
   ppx::app::ModelFlags mf;
   mf.add_to(app);
-  int frames = 500, warmup = 20, dep_steps = -1;
+  int frames = 500, warmup = 20;
   double soak_minutes = 0;
-  bool skip_other_mimi = false;
   std::string out;
-  app.add_flag("--skip-other-mimi", skip_other_mimi,
-               "do not run the second Mimi stream that the upstream server runs and discards");
-  app.add_option("--dep-q-exit", dep_steps, "depformer steps to run (-1: all, as upstream)");
   app.add_option("--frames", frames, "timed frames")->capture_default_str()->check(CLI::Range(1, 100000000));
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--soak", soak_minutes, "run for this many minutes instead of --frames")->check(CLI::Range(0.0, 1e6));
@@ -38,16 +34,10 @@ int bench(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
-  // Mimi decodes the agent's codebooks, the first n_q / 2 depformer steps: an exit before them
-  // would leave the frame without audio.
-  const int agent_codebooks = m.cfg.lm->n_q / 2, dep_q = m.cfg.lm->dep_q;
-  if (dep_steps != -1 && (dep_steps < agent_codebooks || dep_steps > dep_q))
-    throw ppx::Error("--dep-q-exit " + std::to_string(dep_steps) + ": must be -1 (all) or " +
-                     std::to_string(agent_codebooks) + ".." + std::to_string(dep_q) +
-                     " (the agent's codebooks are needed to decode the audio)");
+  const int dep_steps = m.dep_steps;
   ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(0);
-  if (!skip_other_mimi) codec = std::make_unique<ppx::MirroredCodecStream>(std::move(codec), m.backend->codec_stream(1));
+  if (m.other_mimi) codec = std::make_unique<ppx::MirroredCodecStream>(std::move(codec), m.backend->codec_stream(1));
   auto stepper = m.backend->lm_stepper(gen, 42424242, dep_steps);
   ppx::Conversation conv(*codec, *stepper, gen);
   ppx::SystemPrompt prompt;
@@ -85,7 +75,10 @@ int bench(int argc, char** argv) {
   j["bench"] = "frame";
   j["model"] = m.description;
   j["device"] = m.backend->device();
-  j["flags"] = {{"dep_steps", dep_steps < 0 ? m.cfg.lm->dep_q : dep_steps}, {"other_mimi", !skip_other_mimi}};
+  j["flags"] = {{"dep_steps", dep_steps < 0 ? m.cfg.lm->dep_q : dep_steps},
+                {"other_mimi", m.other_mimi},
+                {"w8a16", mf.w8a16 || mf.fast},
+                {"speed_flags", m.speed_flags}};
   j["frames"] = total.size();
   j["warmup"] = warmup;
   j["budget_ms"] = budget_ms;

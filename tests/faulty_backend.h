@@ -42,6 +42,7 @@ class FaultyBackend : public ModelBackend {
     ~Stepper() override { --b_.live_steppers; }
     const LmConfig& config() const override { return inner_->config(); }
     void reset() override { inner_->reset(); }
+    int depformer_steps() const override { return inner_->depformer_steps(); }
     void run(const StepRequest& req, StepResult& out, StepLogits* logits) override {
       if (b_.step_device_error) throw DeviceError("injected: CUDA error cudaErrorIllegalAddress");
       inner_->run(req, out, logits);

@@ -191,3 +191,36 @@ TEST(LmGolden, PtVoiceReplayReproducesTheSession) {
     }
   }
 }
+
+// --dep-q-exit 8 skips the depformer steps of the user's codebooks, which conversation always
+// provides: the text and agent tokens of the golden greedy session are exactly those of all 16.
+TEST(LmDepQExit, EightStepsKeepTextAndAgentTokens) {
+  Tiny t;
+  CpuLmStepper eight(t.lm, t.greedy, 8);
+  EXPECT_EQ(eight.depformer_steps(), 8);
+  const ReplayReport r = replay_golden_session(eight, *t.cfg.lm_gen, nullptr, t.session, false);
+  const auto ref = t.session.to_i64("session.out_tokens");  // [17, 20]
+  ASSERT_EQ(r.out_tokens.size(), ref.size());
+  for (int f = 0; f < 20; ++f) {
+    for (int k = 0; k <= 8; ++k) EXPECT_EQ(r.out_tokens[f * 17 + k], ref[k * 20 + f]) << f << "," << k;
+  }
+}
+
+// The precondition is enforced: a step whose skipped streams are not provided fails clearly
+// instead of returning tokens nobody computed.
+TEST(LmDepQExit, GuardRefusesAStepWithoutTheUserStreams) {
+  Tiny t;
+  CpuLmStepper eight(t.lm, t.greedy, 8);
+  LmGen gen(eight, t.greedy_cfg);
+  const std::vector<int64_t> user(8, 5), agent(8, 7);
+  for (int i = 0; i < 4; ++i) EXPECT_NO_THROW(gen.step(user.data(), agent.data(), 3));
+  try {
+    gen.step(nullptr, agent.data(), 3);
+    FAIL() << "a step without the user's codebooks ran with --dep-q-exit 8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dep-q-exit 8"), std::string::npos) << e.what();
+  }
+  CpuLmStepper all(t.lm, t.greedy);
+  LmGen gen_all(all, t.greedy_cfg);
+  for (int i = 0; i < 4; ++i) EXPECT_NO_THROW(gen_all.step(nullptr, agent.data(), 3));
+}

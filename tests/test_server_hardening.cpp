@@ -437,3 +437,29 @@ TEST_F(ServerTest, FloodGetsItsErrorBeforeTheClose) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace ppx::server_test;
+
+// --dep-q-exit 8 in the server: the conversation runs (the user's codebooks are always
+// provided), and /health reports the flag.
+TEST_F(ServerTest, DepQExitEightConverses) {
+  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  m.dep_steps = 8;
+  m.speed_flags = "--dep-q-exit 8";
+  start(1, 3.0, 2.0, "", "", {}, &m);
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health"))["speed_flags"], "--dep-q-exit 8");
+  std::vector<float> speech = user_speech();
+  speech.resize(10 * kFrame);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const Exchange ex = c.run(
+      audio_messages(speech), 20ms, [](const Exchange& e) { return e.audio_msgs >= 12; }, 30s);
+  EXPECT_TRUE(ex.errors.empty()) << ex.errors.front();
+  EXPECT_EQ(ex.audio_msgs, 12);
+  c.drop();
+  expect_healthy();
+}
+
+}  // namespace

@@ -70,6 +70,9 @@ class LmStepper {
   // Device time (ms) of the work of an earlier run that was still running when that run returned
   // (the CUDA engine's deferred depformer steps of provided streams); 0 when there is none.
   virtual double deferred_ms() const { return 0; }
+  // Depformer steps run per call (--dep-q-exit): streams 1 + steps .. dep_q are not computed, so
+  // they must be provided (LmGen checks this at every step).
+  virtual int depformer_steps() const { return config().dep_q; }
 };
 
 // The CPU reference stepper: ppx::Lm in fp32, tokens chosen by a TokenChooser.
@@ -80,6 +83,7 @@ class CpuLmStepper : public LmStepper {
   const LmConfig& config() const override;
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
+  int depformer_steps() const override { return dep_steps_; }
 
  private:
   const Lm& lm_;

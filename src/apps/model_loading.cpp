@@ -12,18 +12,66 @@
 namespace ppx::app {
 
 void ModelFlags::add_to(CLI::App& app) {
-  app.add_option("--hf-dir", hf_dir,
-                 "downloaded nvidia/personaplex-7b-v1 snapshot (model.safetensors, "
-                 "tokenizer-e351c8d8-checkpoint125.safetensors, tokenizer_spm_32k_3.model, voices/)");
-  app.add_option("--config", config, "model config JSON (default: the PersonaPlex 7B config with --hf-dir, weights "
-                                     "or --random-weights, else the embedded tiny demo model)");
+  app.add_option(
+      "--hf-dir", hf_dir,
+      "downloaded nvidia/personaplex-7b-v1 snapshot (model.safetensors, "
+      "tokenizer-e351c8d8-checkpoint125.safetensors, tokenizer_spm_32k_3.model, voices/)");
+  app.add_option("--config", config,
+                 "model config JSON (default: the PersonaPlex 7B config with --hf-dir, weights "
+                 "or --random-weights, else the embedded tiny demo model)");
   app.add_option("--lm", lm, "LM weights (.safetensors)");
   app.add_option("--mimi", mimi, "Mimi weights (.safetensors)");
   app.add_option("--tokenizer", tokenizer, "SentencePiece text tokenizer (.model)");
-  app.add_flag("--random-weights", random_weights,
-               "random weights of the config's full size (benchmarks; the LM is generated on the GPU)");
-  app.add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag(
+      "--random-weights", random_weights,
+      "random weights of the config's full size (benchmarks; the LM is generated on the GPU)");
+  app.add_option("--device", device, "cpu or cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--fast", fast,
+               "the speed flags together: --w8a16 --dep-q-exit 8 --skip-other-mimi");
+  app.add_flag(
+      "--w8a16", w8a16,
+      "CUDA: every linear layer of the LM with 8-bit (fp8 e4m3) weights and per-row scales, "
+      "quantized at load");
+  app.add_option("--dep-q-exit", dep_q_exit,
+                 "depformer steps per frame: -1 all (upstream), or n_q/2..dep_q (8..16): the steps "
+                 "of the user's codebooks, which conversation always provides, are skipped");
+  app.add_flag("--skip-other-mimi", skip_other_mimi,
+               "do not run upstream's second, discarded Mimi stream (the server and the offline "
+               "tool never run it; the bench runs it unless this is given)");
 }
+
+namespace {
+
+// --fast expanded, and every speed flag checked against the config and the device, before
+// anything loads. Throws ppx::Error naming the flag.
+void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
+  if (f.fast) {
+    f.w8a16 = true;
+    f.skip_other_mimi = true;
+    if (f.dep_q_exit == -1) f.dep_q_exit = lm.n_q / 2;
+  }
+  const std::string via = f.fast ? " (from --fast)" : "";
+  // Mimi decodes the agent's codebooks, the first n_q / 2 depformer steps: an exit before them
+  // would leave the frame without audio.
+  const int agent_codebooks = lm.n_q / 2;
+  if (f.dep_q_exit != -1 && (f.dep_q_exit < agent_codebooks || f.dep_q_exit > lm.dep_q))
+    throw Error("--dep-q-exit " + std::to_string(f.dep_q_exit) + ": must be -1 (all) or " +
+                std::to_string(agent_codebooks) + ".." + std::to_string(lm.dep_q) +
+                " (the agent's codebooks are needed to decode the audio)");
+  if (f.w8a16 && f.device != "cuda")
+    throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
+  m.dep_steps = f.dep_q_exit;
+  m.other_mimi = !f.skip_other_mimi;
+  std::string flags;
+  if (f.w8a16) flags += " --w8a16";
+  if (f.dep_q_exit != -1) flags += " --dep-q-exit " + std::to_string(f.dep_q_exit);
+  if (f.skip_other_mimi) flags += " --skip-other-mimi";
+  m.speed_flags = flags.empty() ? "" : flags.substr(1);
+}
+
+}  // namespace
 
 LoadedModel load_model(const ModelFlags& f_in) {
   ModelFlags f = f_in;
@@ -41,8 +89,10 @@ LoadedModel load_model(const ModelFlags& f_in) {
     if (fs::is_directory(voices)) m.voice_dir = voices.string();
   }
   const bool files = !f.lm.empty() || !f.mimi.empty();
-  if (files && f.random_weights) throw Error("--random-weights cannot be combined with weight files");
-  if (files && (f.lm.empty() || f.mimi.empty())) throw Error("give both --lm and --mimi (or --hf-dir)");
+  if (files && f.random_weights)
+    throw Error("--random-weights cannot be combined with weight files");
+  if (files && (f.lm.empty() || f.mimi.empty()))
+    throw Error("give both --lm and --mimi (or --hf-dir)");
   if (files && f.tokenizer.empty()) throw Error("give --tokenizer (or --hf-dir) with real weights");
   const bool demo = !files && !f.random_weights;
   if (!f.config.empty()) {
@@ -52,6 +102,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     m.cfg = parse_config(std::string(embedded_config(name)), "embedded:" + name);
   }
   if (!m.cfg.lm || !m.cfg.lm_gen) throw Error("the config has no lm / lm_gen section");
+  resolve_speed_flags(f, *m.cfg.lm, m);
 
   // Weight sources.
   std::unique_ptr<WeightSource> mw, lw;
@@ -62,13 +113,14 @@ LoadedModel load_model(const ModelFlags& f_in) {
   } else {
     mw = std::make_unique<RandomWeights>(f.demo_seed);
     lw = std::make_unique<RandomWeights>(f.demo_seed);
-    m.description = std::string(demo ? "embedded tiny demo model" : "full-size model") + " (random weights, seed " +
-                    std::to_string(f.demo_seed) + ")";
+    m.description = std::string(demo ? "embedded tiny demo model" : "full-size model") +
+                    " (random weights, seed " + std::to_string(f.demo_seed) + ")";
   }
   if (f.device == "cuda") {
     // Full-size random LM weights are generated on the GPU; small ones go through the host.
     const bool device_random = !files && f.random_weights;
-    m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed, f.codec_slots);
+    m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
+                                  f.codec_slots);
   } else {
     auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
     auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);
@@ -77,12 +129,12 @@ LoadedModel load_model(const ModelFlags& f_in) {
   if (!f.tokenizer.empty()) {
     m.tokenizer = std::make_unique<TextTokenizer>(f.tokenizer);
   } else if (m.cfg.lm->text_card == 1000) {
-    m.tokenizer = std::make_unique<TextTokenizer>(
-        TextTokenizer::from_serialized(std::string(embedded_tiny_tokenizer()), "embedded:tiny_spm_1000"));
+    m.tokenizer = std::make_unique<TextTokenizer>(TextTokenizer::from_serialized(
+        std::string(embedded_tiny_tokenizer()), "embedded:tiny_spm_1000"));
   }
   if (m.tokenizer && m.tokenizer->vocab_size() != m.cfg.lm->text_card) {
-    throw Error("the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) + " pieces but the LM has text_card " +
-                std::to_string(m.cfg.lm->text_card));
+    throw Error("the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
+                " pieces but the LM has text_card " + std::to_string(m.cfg.lm->text_card));
   }
   return m;
 }

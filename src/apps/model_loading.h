@@ -19,6 +19,10 @@ struct ModelFlags {
   bool random_weights = false;
   uint64_t demo_seed = 20261202;
   int codec_slots = 2;  // codec streams the CUDA backend preallocates
+  // The opt-in speed flags (docs/CLI.md); --fast sets the others. Checked by load_model() before
+  // anything loads.
+  bool fast = false, w8a16 = false, skip_other_mimi = false;
+  int dep_q_exit = -1;  // depformer steps per frame; -1: all (upstream)
   void add_to(CLI::App& app);
 };
 
@@ -27,7 +31,10 @@ struct LoadedModel {
   std::string description;  // what was loaded, for logs and /health
   std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<TextTokenizer> tokenizer;
-  std::string voice_dir;  // <hf-dir>/voices when a snapshot was given
+  std::string voice_dir;    // <hf-dir>/voices when a snapshot was given
+  int dep_steps = -1;       // --dep-q-exit, validated: for lm_stepper()
+  bool other_mimi = false;  // run upstream's second, discarded Mimi stream (the bench's stock mode)
+  std::string speed_flags;  // the speed flags in effect, for logs, /health and bench JSON
 };
 
 // Loads everything; throws ppx::Error with a clear message on any missing or bad file.

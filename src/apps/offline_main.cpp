@@ -89,7 +89,7 @@ int offline(int argc, char** argv) {
 
   const uint64_t s = seed < 0 ? std::random_device{}() : static_cast<uint64_t>(seed);
   auto codec = m.backend->codec_stream(0);
-  auto stepper = m.backend->lm_stepper(gen, s);
+  auto stepper = m.backend->lm_stepper(gen, s, m.dep_steps);
   ppx::Conversation conv(*codec, *stepper, gen);
   ppx::app::Progress prompt_bar("system prompts", quiet);
   conv.run_system_prompts(prompt, [&](int64_t done, int64_t total) {

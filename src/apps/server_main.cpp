@@ -95,7 +95,8 @@ int serve(int argc, char** argv) {
   if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
   if (o.voice_dir.empty()) o.voice_dir = m.voice_dir;
   const ppx::server::ServerModel sm = ppx::server::server_model(m);
-  std::fprintf(stderr, "model: %s on %s\n", m.description.c_str(), m.backend->device().c_str());
+  std::fprintf(stderr, "model: %s on %s%s%s\n", m.description.c_str(), m.backend->device().c_str(),
+               m.speed_flags.empty() ? "" : ", ", m.speed_flags.c_str());
 
   // Signals go to sigwait() below only: block them before any thread starts.
   sigset_t sigs;

@@ -170,6 +170,16 @@ std::optional<std::vector<int64_t>> LmGen::finish(const Prepared& p, const float
     tgt[k] = at(k, p.tgt_col);
     pv[k] = prov(k, p.tgt_col);
   }
+  // --dep-q-exit: the depformer steps that are not run must be of provided streams (in
+  // conversation the user's codebooks always are), or their tokens would silently be missing.
+  for (int s = stepper_.depformer_steps(); s < dep_q_; ++s) {
+    if (!pv[1 + s]) {
+      throw Error("--dep-q-exit " + std::to_string(stepper_.depformer_steps()) +
+                  ": codebook stream " + std::to_string(1 + s) +
+                  " is not provided at this step, and its depformer step is skipped (give the "
+                  "user's audio every step, or run all " + std::to_string(dep_q_) + " steps)");
+    }
+  }
   StepRequest req;
   req.input = in.data();
   req.embedding = embedding;

@@ -335,7 +335,7 @@ SessionEnd ChatSession::run(int slot, const ChatParams& p, std::string& detail) 
   {
     std::lock_guard<std::mutex> lk(hub_->backend_mu);
     codec = m.backend->codec_stream(slot);
-    stepper = m.backend->lm_stepper(p.gen, p.seed);
+    stepper = m.backend->lm_stepper(p.gen, p.seed, m.dep_steps);
   }
   if (!alive()) return ended_early();
   Conversation conv(*codec, *stepper, p.gen);

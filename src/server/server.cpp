@@ -278,6 +278,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       if (!why.empty()) j["error"] = why;
       j["model"] = hub_->model.description;
       j["device"] = hub_->model.backend->device();
+      j["speed_flags"] = hub_->model.speed_flags;
       j["sessions_in_use"] = in_use;
       j["max_sessions"] = hub_->opts.max_sessions;
       j["connections"] = hub_->connections.load();
@@ -542,6 +543,8 @@ ServerModel server_model(const app::LoadedModel& m) {
   sm.sample_rate = m.cfg.mimi.sample_rate;
   sm.frame_samples = m.cfg.mimi.frame_samples();
   sm.description = m.description;
+  sm.dep_steps = m.dep_steps;
+  sm.speed_flags = m.speed_flags;
   return sm;
 }
 

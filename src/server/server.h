@@ -63,6 +63,8 @@ struct ServerModel {
   int sample_rate = 24000;
   int frame_samples = 1920;
   std::string description;  // reported by /health
+  int dep_steps = -1;        // --dep-q-exit (-1: all depformer steps)
+  std::string speed_flags;   // the speed flags in effect, reported by /health
 };
 
 // The parts of a loaded model (which must outlive the Server) that the server uses.
