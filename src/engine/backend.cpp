@@ -47,7 +47,8 @@ std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::
 }
 
 #ifndef PPX_HAVE_CUDA
-std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig&, WeightSource&, WeightSource*, uint64_t, int, bool) {
+std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig&, WeightSource&, WeightSource*, uint64_t, int, bool,
+                                                bool) {
   throw Error("--device cuda: this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)");
 }
 #endif

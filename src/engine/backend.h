@@ -34,10 +34,11 @@ std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::
 // The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device
 // (seed `random_seed`). `codec_slots`: codec streams that can exist at once. Throws ppx::Error
 // when the build has no CUDA backend or no GPU is usable.
-// `with_lm` false builds the codec only (lm_stepper then throws).
+// `with_lm` false builds the codec only (lm_stepper then throws). `lm_w8a16`: the LM's linear
+// layers run with fp8 e4m3 weights and per-row scales, quantized at load (cuda::CudaLmOptions).
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
                                                 WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
-                                                bool with_lm = true);
+                                                bool with_lm = true, bool lm_w8a16 = false);
 
 // Runs a second codec stream on the same audio and discards its output: upstream's server runs
 // such an "other_mimi", and the stock benchmark reproduces its cost.

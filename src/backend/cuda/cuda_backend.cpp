@@ -90,11 +90,13 @@ class CudaCodecStream : public CodecStream {
 
 class CudaBackend : public ModelBackend {
  public:
-  CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots, bool with_lm)
+  CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots, bool with_lm,
+              const cuda::CudaLmOptions& lm_opt)
       : mimi_(cfg.mimi, mw, slots),
         bins_(cfg.mimi.quantizer.bins),
         lm_(!with_lm ? nullptr
-                     : lw ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw) : std::make_unique<cuda::CudaLm>(*cfg.lm, seed)),
+            : lw     ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw, lm_opt)
+                     : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_opt)),
         slots_(slots),
         used_(slots, false),
         device_("cuda: " + cuda::device_description()) {}
@@ -122,10 +124,12 @@ class CudaBackend : public ModelBackend {
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
                                                 WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
-                                                bool with_lm) {
+                                                bool with_lm, bool lm_w8a16) {
   if (cuda::device_count() == 0) throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
   if (with_lm && !cfg.lm) throw Error("the config has no lm section");
-  return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots, with_lm);
+  cuda::CudaLmOptions lm_opt;
+  lm_opt.w8a16 = lm_w8a16;
+  return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots, with_lm, lm_opt);
 }
 
 }  // namespace ppx

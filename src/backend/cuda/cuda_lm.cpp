@@ -6,10 +6,13 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
+#include "lm_quant.cuh"
 #include "lm/lm_weights.h"
 #include "ppx/dtype.h"
 #include "ppx/error.h"
@@ -36,16 +39,23 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The state dict's linear layers' weights ([N, K] matrices a GEMV reads): everything 2-D except
+// the embedding tables.
+bool is_linear(const std::string& key, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && key.find("emb.") == std::string::npos;
+}
+
+size_t pad64(int64_t n) { return (static_cast<size_t>(n) + 63) / 64 * 64; }
+
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
-void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const bf16* w, const bf16* x, int N, int K, bf16* y,
+void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const bf16* x, int N, int K, bf16* y,
                   const bf16* alpha, int B, cudaStream_t s) {
   kern::GemvArgs a;
-  a.w = w;
   a.x = x;
   a.x_stride = in == kern::GemvIn::kSiluGate ? 2 * K : K;
   a.N = N;
@@ -54,6 +64,7 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const bf16* w, const bf16*
   a.alpha = alpha;
   a.y = y;
   a.y_stride = out == kern::GemvOut::kGateUp ? N / 2 : N;
+  w.set(a);
   kern::gemv(in, out, a, s);
 }
 
@@ -79,7 +90,24 @@ StepEmbedding step_embedding(const CudaLm& lm, int st) {
 
 }  // namespace
 
+LinearWeight LinearWeight::rows_from(int64_t first) const {
+  LinearWeight r = *this;
+  if (w) r.w = w + first * cols;
+  if (w8) r.w8 = w8 + first * cols;
+  if (w_scale) r.w_scale = w_scale + first;
+  return r;
+}
+
+void LinearWeight::set(kern::GemvArgs& a) const {
+  if (a.K != cols) throw Error("LinearWeight: a GEMV with K " + std::to_string(a.K) + " on a weight of " +
+                               std::to_string(cols) + " columns");
+  a.w = w8 ? nullptr : w;
+  a.w8 = w8;
+  a.w_scale = w8 ? w_scale : nullptr;
+}
+
 kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step) {
+  if (lm.w8a16()) throw Error("the persistent depformer kernel reads bf16 weights: not available with w8a16");
   const LmConfig& c = lm.config();
   const int DD = c.depformer_dim;
   kern::DepStepArgs a;
@@ -100,10 +128,10 @@ kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, i
   const size_t qkv_step = static_cast<size_t>(3) * DD * DD, out_step = static_cast<size_t>(DD) * DD;
   for (int l = 0; l < std::min(a.layers, kern::kDepMaxLayers); ++l) {
     const CudaLm::Depformer& L = lm.dep_layers[l];
-    a.layer[l] = {L.norm1, L.in_proj + step * qkv_step, L.out_proj + step * out_step,
-                  L.norm2, L.lin_in[step],            L.lin_out[step]};
+    a.layer[l] = {L.norm1, L.in_proj.w + step * qkv_step, L.out_proj.w + step * out_step,
+                  L.norm2, L.lin_in[step].w,            L.lin_out[step].w};
   }
-  a.w_head = lm.linears[step];
+  a.w_head = lm.linears[step].w;
   a.k_ring = io.k_ring;
   a.v_ring = io.v_ring;
   a.ring_layer_stride = io.ring_layer_stride;
@@ -121,7 +149,6 @@ void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first
   const LmConfig& c = lm.config();
   const int64_t DD = c.depformer_dim;
   kern::GemvArgs a;
-  a.w = lm.depformer_in_all + first * DD * c.dim;
   a.x = io.x;
   a.x_stride = c.dim;
   a.N = static_cast<int>(steps * DD);
@@ -130,6 +157,7 @@ void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first
   a.alpha = lm.out_norm;
   a.y = io.pre + first * DD;
   a.y_stride = io.pre_stride;
+  lm.depformer_in_all.rows_from(first * DD).set(a);
   kern::gemv(kern::GemvIn::kRmsNorm, kern::GemvOut::kStore, a, s);
 }
 
@@ -139,11 +167,10 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
   using kern::GemvIn;
   using kern::GemvOut;
-  auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
+  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
                   const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
   if (!inputs_hoisted) {
     kern::GemvArgs a;
-    a.w = lm.depformer_in[st];
     a.x = io.x;
     a.x_stride = D;
     a.N = DD;
@@ -156,6 +183,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     a.table = e.table;
     a.table_rows = e.rows;
     a.token = io.token;
+    lm.depformer_in[st].set(a);
     kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
   }
   kern::RingArgs dring;
@@ -170,7 +198,6 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     if (l == 0 && inputs_hoisted) {
       // z = the hoisted input projection + the token embedding, stored while normed for the QKV.
       kern::GemvArgs a;
-      a.w = L.in_proj + static_cast<size_t>(st) * 3 * DD * DD;
       a.x = io.pre + static_cast<int64_t>(st) * DD;
       a.x_stride = io.pre_stride;
       a.N = 3 * DD;
@@ -184,19 +211,20 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
       a.table_rows = e.rows;
       a.token = io.token;
       a.x_out = io.z;
+      L.in_proj.rows_from(static_cast<int64_t>(st) * 3 * DD).set(a);
       kern::gemv(GemvIn::kEmbRmsNorm, GemvOut::kStore, a, s);
     } else {
-      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj + static_cast<size_t>(st) * 3 * DD * DD, io.z, 3 * DD, DD,
-           io.qkv, L.norm1);
+      gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj.rows_from(static_cast<int64_t>(st) * 3 * DD), io.z, 3 * DD,
+           DD, io.qkv, L.norm1);
     }
     if (!fused_attention) {
       kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
-      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj + static_cast<size_t>(st) * DD * DD, io.att, DD, DD, io.z);
+      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
+           io.z);
     } else {
       // Attention over the steps so far, computed while staging the output projection's input.
       if (B != 1) throw Error("the fused depformer attention needs batch 1");
       kern::GemvArgs o;
-      o.w = L.out_proj + static_cast<size_t>(st) * DD * DD;
       o.x = io.qkv;
       o.x_stride = 3 * DD;
       o.N = DD;
@@ -208,13 +236,13 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
       o.step = st;
       o.heads = c.depformer_num_heads;
       o.ring = S;
+      L.out_proj.rows_from(static_cast<int64_t>(st) * DD).set(o);
       kern::gemv(GemvIn::kDepAttn, GemvOut::kResidual, o, s);
     }
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
   }
   kern::GemvArgs h;
-  h.w = lm.linears[st];
   h.x = io.z;
   h.x_stride = DD;
   h.N = c.card;
@@ -222,6 +250,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   h.B = B;
   h.yf = io.logits + static_cast<int64_t>(st) * c.card;
   h.y_stride = io.logits_stride;
+  lm.linears[st].set(h);
   kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
 }
 
@@ -244,63 +273,132 @@ void CudaLm::allocate() {
   PPX_CUDA_CHECK(cudaGetDevice(&dev));
   PPX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   kern::set_pdl(major >= 9 && std::getenv("PPX_PDL") != nullptr);
-  const auto spec = lm_state_dict_spec(c_);
+  // Every tensor in one bf16 arena (each padded to 64 elements), in state dict order.
   size_t total = 0;
-  for (const auto& [k, shape] : spec) total += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
+  for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
+    Tensor t;
+    t.key = key;
+    t.shape = shape;
+    t.linear = is_linear(key, shape);
+    t.off = total;
+    total += pad64(numel(shape));
+    tensors_.push_back(std::move(t));
+  }
   arena_.resize(total);
   weight_bytes_ = total * sizeof(bf16);
-  layers.resize(c_.num_layers);
-  dep_layers.resize(c_.depformer_num_layers);
+  bind();
+}
+
+void CudaLm::bind() {
+  layers.assign(c_.num_layers, Temporal{});
+  dep_layers.assign(c_.depformer_num_layers, Depformer{});
   for (auto& l : dep_layers) {
     l.lin_in.resize(c_.dep_q);
     l.lin_out.resize(c_.dep_q);
   }
-  size_t off = 0;
-  for (const auto& [key, shape] : spec) {
-    const bf16* p = arena_.get() + off;
-    off += (static_cast<size_t>(numel(shape)) + 63) / 64 * 64;
+  emb.clear();
+  depformer_in.clear();
+  depformer_emb.clear();
+  linears.clear();
+  for (const Tensor& t : tensors_) {
+    const std::string& key = t.key;
+    const bf16* p = t.in_fp8 ? nullptr : arena_.get() + t.off;
+    LinearWeight lw;
+    lw.cols = t.shape.back();
+    if (t.in_fp8) {
+      lw.w8 = arena8_.get() + t.off8;
+      lw.w_scale = scales_.get() + t.off_scale;
+    } else {
+      lw.w = p;
+    }
     auto idx = [&](const std::string& prefix) { return std::stoi(key.substr(prefix.size())); };
     auto has = [&](const char* part) { return key.find(part) != std::string::npos; };
     if (key.rfind("emb.", 0) == 0) emb.push_back(p);
     else if (key == "text_emb.weight") text_emb = p;
     else if (key.rfind("transformer.layers.", 0) == 0) {
       Temporal& l = layers[idx("transformer.layers.")];
-      if (has("in_proj_weight")) l.in_proj = p;
-      else if (has("out_proj")) l.out_proj = p;
+      if (has("in_proj_weight")) l.in_proj = lw;
+      else if (has("out_proj")) l.out_proj = lw;
       else if (has("norm1")) l.norm1 = p;
       else if (has("norm2")) l.norm2 = p;
-      else if (has("linear_in")) l.lin_in = p;
-      else l.lin_out = p;
+      else if (has("linear_in")) l.lin_in = lw;
+      else l.lin_out = lw;
     } else if (key == "out_norm.alpha") out_norm = p;
-    else if (key == "text_linear.weight") text_linear = p;
-    else if (key.rfind("depformer_in.", 0) == 0) depformer_in.push_back(p);
+    else if (key == "text_linear.weight") text_linear = lw;
+    else if (key.rfind("depformer_in.", 0) == 0) depformer_in.push_back(lw);
     else if (key.rfind("depformer_emb.", 0) == 0) depformer_emb.push_back(p);
     else if (key == "depformer_text_emb.weight") depformer_text_emb = p;
     else if (key.rfind("depformer.layers.", 0) == 0) {
       Depformer& l = dep_layers[idx("depformer.layers.")];
-      if (has("in_proj_weight")) l.in_proj = p;
-      else if (has("out_proj")) l.out_proj = p;
+      if (has("in_proj_weight")) l.in_proj = lw;
+      else if (has("out_proj")) l.out_proj = lw;
       else if (has("norm1")) l.norm1 = p;
       else if (has("norm2")) l.norm2 = p;
       else {
         const size_t g = key.find("gating.") + 7;
         const int s = std::stoi(key.substr(g));
-        if (has("linear_in")) l.lin_in[s] = p;
-        else l.lin_out[s] = p;
+        if (has("linear_in")) l.lin_in[s] = lw;
+        else l.lin_out[s] = lw;
       }
-    } else if (key.rfind("linears.", 0) == 0) linears.push_back(p);
+    } else if (key.rfind("linears.", 0) == 0) linears.push_back(lw);
   }
   // The state dict lists depformer_in.0 .. depformer_in.{dep_q - 1} in order and their sizes need
-  // no padding, so the steps' input projections form one [dep_q * DD, D] matrix in the arena (one
-  // GEMV for all steps, enqueue_depformer_inputs).
-  depformer_in_all = depformer_in.empty() ? nullptr : depformer_in[0];
+  // no padding (bf16: multiples of 64 elements; fp8: packed), so the steps' input projections form
+  // one [dep_q * DD, D] matrix in the arena (one GEMV for all steps, enqueue_depformer_inputs).
+  depformer_in_all = depformer_in.empty() ? LinearWeight{} : depformer_in[0];
   for (size_t s = 0; s < depformer_in.size(); ++s) {
-    if (depformer_in[s] != depformer_in_all + s * static_cast<size_t>(c_.depformer_dim) * c_.dim)
+    const LinearWeight want = depformer_in_all.rows_from(static_cast<int64_t>(s) * c_.depformer_dim);
+    if (depformer_in[s].w != want.w || depformer_in[s].w8 != want.w8 || depformer_in[s].w_scale != want.w_scale)
       throw Error("depformer input projections are not contiguous in the weight arena");
   }
 }
 
+// w8a16: each linear weight [N, K] is quantized from its bf16 copy into arena8_ (packed: N K bytes,
+// a multiple of 16 since K % 16 == 0, so rows stay 16-byte aligned) and scales_ (N floats); then
+// the bf16 arena is rebuilt with the other tensors only (embeddings, norms) and the old one freed.
+void CudaLm::quantize_linears() {
+  size_t total8 = 0, total_scale = 0;
+  for (Tensor& t : tensors_) {
+    if (!t.linear) continue;
+    const int64_t N = t.shape[0], K = t.shape[1];
+    if (K % 16 != 0)
+      throw Error("w8a16: " + t.key + " has " + std::to_string(K) + " columns, the fp8 GEMV needs a multiple of 16");
+    t.off8 = total8;
+    t.off_scale = total_scale;
+    total8 += static_cast<size_t>(N) * K;
+    total_scale += static_cast<size_t>(N);
+  }
+  arena8_.resize(total8);
+  scales_.resize(total_scale);
+  for (const Tensor& t : tensors_) {
+    if (!t.linear) continue;
+    kern::quantize_fp8_rows(arena_.get() + t.off, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1]),
+                            arena8_.get() + t.off8, scales_.get() + t.off_scale, nullptr);
+    PPX_CUDA_CHECK(cudaGetLastError());
+  }
+  size_t rest = 0;
+  for (const Tensor& t : tensors_)
+    if (!t.linear) rest += pad64(numel(t.shape));
+  DeviceBuffer<bf16> kept(rest);
+  size_t off = 0;
+  for (Tensor& t : tensors_) {
+    if (t.linear) {
+      t.in_fp8 = true;
+      continue;
+    }
+    PPX_CUDA_CHECK(cudaMemcpy(kept.get() + off, arena_.get() + t.off, static_cast<size_t>(numel(t.shape)) * sizeof(bf16),
+                              cudaMemcpyDeviceToDevice));
+    t.off = off;
+    off += pad64(numel(t.shape));
+  }
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  arena_ = std::move(kept);
+  weight_bytes_ = arena_.bytes() + arena8_.bytes() + scales_.bytes();
+  bind();
+}
+
 void CudaLm::finish_tables() {
+  if (opt_.w8a16) quantize_linears();
   std::vector<const bf16*> t{text_emb};
   std::vector<int32_t> rows{c_.text_card + 1};
   for (const bf16* e : emb) {
@@ -314,34 +412,30 @@ void CudaLm::finish_tables() {
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-CudaLm::CudaLm(const LmConfig& c, WeightSource& w) : c_(c) {
+CudaLm::CudaLm(const LmConfig& c, WeightSource& w, const CudaLmOptions& opt) : c_(c), opt_(opt) {
   allocate();
-  size_t off = 0;
   std::vector<uint16_t> host;
-  for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
-    const std::vector<float> v = load_lm_tensor(w, key, shape);
+  for (const Tensor& t : tensors_) {
+    const std::vector<float> v = load_lm_tensor(w, t.key, t.shape);
     host.resize(v.size());
     for (size_t i = 0; i < v.size(); ++i) host[i] = f32_to_bf16(v[i]);
-    PPX_CUDA_CHECK(cudaMemcpy(arena_.get() + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    off += (v.size() + 63) / 64 * 64;
+    PPX_CUDA_CHECK(cudaMemcpy(arena_.get() + t.off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
   }
   finish_tables();
 }
 
-CudaLm::CudaLm(const LmConfig& c, uint64_t seed) : c_(c) {
+CudaLm::CudaLm(const LmConfig& c, uint64_t seed, const CudaLmOptions& opt) : c_(c), opt_(opt) {
   allocate();
-  size_t off = 0;
-  for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
-    const int64_t n = numel(shape);
+  for (const Tensor& t : tensors_) {
+    const int64_t n = numel(t.shape);
     float scale, offset = 0.f;
-    if (ends_with(key, "alpha")) {
+    if (ends_with(t.key, "alpha")) {
       scale = 0.05f;
       offset = 1.f;
     } else {
-      scale = 1.f / std::sqrt(static_cast<float>(shape.back()));
+      scale = 1.f / std::sqrt(static_cast<float>(t.shape.back()));
     }
-    kern::fill_random_bf16(arena_.get() + off, n, seed ^ key_hash(key), scale, offset, nullptr);
-    off += (static_cast<size_t>(n) + 63) / 64 * 64;
+    kern::fill_random_bf16(arena_.get() + t.off, n, seed ^ key_hash(t.key), scale, offset, nullptr);
   }
   PPX_CUDA_CHECK(cudaGetLastError());
   finish_tables();
@@ -434,7 +528,13 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   const bool want = path == DepformerPath::kPersistent ||
                     (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1"));
   dep_kv_in_ring_ = !env_is("PPX_DEP_KV", "0");
-  if (want && dep_steps_ > 0) {
+  // The persistent kernel has its own bf16 GEMV: a w8a16 model runs the per-op kernels (an explicit
+  // kPersistent is refused).
+  if (want && dep_steps_ > 0 && lm.w8a16()) {
+    if (path == DepformerPath::kPersistent)
+      throw Error("persistent depformer kernel: not available with w8a16 weights (it reads bf16 weights)");
+    log_fallback("w8a16 weights");
+  } else if (want && dep_steps_ > 0) {
     const char* cap = std::getenv("PPX_DEP_BLOCKS");
     dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0),
                                      cap ? std::atoi(cap) : 0);
@@ -586,7 +686,7 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
   const size_t layer_kv = static_cast<size_t>(c.context) * D;
   using kern::GemvIn;
   using kern::GemvOut;
-  auto gemv = [&](GemvIn in, GemvOut out, const bf16* w, const bf16* x, int N, int Kd, bf16* y,
+  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
                   const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, 1, s); };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm_.layers[l];
@@ -602,7 +702,6 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
   // Text head on out_norm(x), then sampling; `next_` becomes the merged text token.
   {
     kern::GemvArgs a;
-    a.w = lm_.text_linear;
     a.x = x_.get();
     a.x_stride = D;
     a.N = V;
@@ -610,6 +709,7 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
     a.alpha = lm_.out_norm;
     a.yf = logits_.get();
     a.y_stride = V;
+    lm_.text_linear.set(a);
     kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
   }
   enqueue_sample(live_sample_io(), 0, logits_.get(), V, s);

@@ -4,6 +4,9 @@
 // sampling, so the 16 sequential depformer steps never wait for the host. Only the step's tokens
 // cross to the host.
 //
+// CudaLmOptions::w8a16 stores the linear layers' weights in fp8 e4m3 with per-row scales instead
+// (LinearWeight; everything else as above).
+//
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
 //
@@ -25,6 +28,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -40,42 +44,94 @@ namespace ppx {
 class WeightSource;
 }
 
+namespace ppx::kern {
+struct GemvArgs;
+}
+
 namespace ppx::cuda {
+
+struct CudaLmOptions {
+  // w8a16: every linear layer's weight (temporal QKV / output / FFN projections, text head,
+  // depformer input projections, depformer QKV / output / FFN projections, depformer heads) is
+  // quantized at load to fp8 e4m3 with one fp32 scale per output row (kern::quantize_fp8_rows) and
+  // the GEMVs read it so; activations, embeddings, norms and the KV cache stay bf16. The bf16
+  // copies of the linear weights are freed. The persistent depformer kernel reads bf16 weights:
+  // with w8a16, DepformerPath::kPersistent throws and PPX_DEP_PERSISTENT=1 falls back to the
+  // per-op kernels (logged).
+  bool w8a16 = false;
+};
+
+// A linear layer's weight [rows, cols] (row-major) as the GEMVs read it: bf16 (w), or fp8 e4m3
+// (w8) with one fp32 dequantization scale per row (w_scale). Exactly one of w and w8 is set.
+struct LinearWeight {
+  const __nv_bfloat16* w = nullptr;
+  const __nv_fp8_e4m3* w8 = nullptr;
+  const float* w_scale = nullptr;
+  int64_t cols = 0;
+  bool fp8() const { return w8 != nullptr; }
+  // Rows [first, ...): one step's slice of a weight that holds all depformer steps.
+  LinearWeight rows_from(int64_t first) const;
+  // The one place where the weight type reaches a GEMV: sets a.w, or a.w8 and a.w_scale (the
+  // others null). Throws ppx::Error when a.K is not this weight's column count.
+  void set(kern::GemvArgs& a) const;
+};
 
 class CudaLm {
  public:
   // From a checkpoint (any float dtype per tensor, upstream keys, 8-step layout expanded).
-  CudaLm(const LmConfig& c, WeightSource& w);
+  CudaLm(const LmConfig& c, WeightSource& w, const CudaLmOptions& opt = {});
   // Full-size random weights generated on the device (benchmarks: no checkpoint needed).
-  CudaLm(const LmConfig& c, uint64_t seed);
+  CudaLm(const LmConfig& c, uint64_t seed, const CudaLmOptions& opt = {});
   ~CudaLm();
   const LmConfig& config() const { return c_; }
+  const CudaLmOptions& options() const { return opt_; }
+  bool w8a16() const { return opt_.w8a16; }
+  // Device bytes of the weights the step reads: the bf16 arena (everything, or with w8a16 the
+  // embeddings and norms only), plus with w8a16 the fp8 weights and their scales.
   size_t weight_bytes() const { return weight_bytes_; }
 
   struct Temporal {
-    const __nv_bfloat16 *in_proj, *out_proj, *norm1, *norm2, *lin_in, *lin_out;
+    LinearWeight in_proj, out_proj, lin_in, lin_out;
+    const __nv_bfloat16 *norm1 = nullptr, *norm2 = nullptr;
   };
   struct Depformer {
-    const __nv_bfloat16 *norm1, *norm2, *in_proj, *out_proj;  // in/out_proj hold all steps
-    std::vector<const __nv_bfloat16*> lin_in, lin_out;         // per step
+    const __nv_bfloat16 *norm1 = nullptr, *norm2 = nullptr;
+    LinearWeight in_proj, out_proj;             // hold all steps
+    std::vector<LinearWeight> lin_in, lin_out;  // per step
   };
   std::vector<const __nv_bfloat16*> emb;  // [n_q] audio tables [card+1, dim]
   const __nv_bfloat16* text_emb = nullptr;
   std::vector<Temporal> layers;
   const __nv_bfloat16* out_norm = nullptr;
-  const __nv_bfloat16* text_linear = nullptr;
-  std::vector<const __nv_bfloat16*> depformer_in, depformer_emb, linears;
-  const __nv_bfloat16* depformer_in_all = nullptr;  // [dep_q * depformer_dim, dim]: depformer_in[0..]
+  LinearWeight text_linear;
+  std::vector<LinearWeight> depformer_in, linears;
+  std::vector<const __nv_bfloat16*> depformer_emb;
+  LinearWeight depformer_in_all;  // [dep_q * depformer_dim, dim]: depformer_in[0..]
   const __nv_bfloat16* depformer_text_emb = nullptr;
   std::vector<Depformer> dep_layers;
   DeviceBuffer<const __nv_bfloat16*> emb_tables;  // [n_q + 1]: text, then audio
   DeviceBuffer<int32_t> emb_rows;                 // [n_q + 1]
 
  private:
+  // One state-dict tensor and where it lives: offsets in elements of arena_ (bf16), and for a
+  // linear weight under w8a16 of arena8_ and scales_ (then it has no bf16 copy).
+  struct Tensor {
+    std::string key;
+    std::vector<int64_t> shape;
+    bool linear = false;
+    size_t off = 0, off8 = 0, off_scale = 0;
+    bool in_fp8 = false;
+  };
   void allocate();
+  void bind();              // the pointers above from tensors_ and the arenas
+  void quantize_linears();  // w8a16: fp8 weights and scales; the bf16 arena keeps the rest only
   void finish_tables();
   LmConfig c_;
+  CudaLmOptions opt_;
+  std::vector<Tensor> tensors_;
   DeviceBuffer<__nv_bfloat16> arena_;
+  DeviceBuffer<__nv_fp8_e4m3> arena8_;
+  DeviceBuffer<float> scales_;
   size_t weight_bytes_ = 0;
 };
 
@@ -100,6 +156,7 @@ struct DepformerIo {
 // (bf16(depformer_in[s] out_norm(x)), one GEMV: it does not depend on the sampled tokens), then
 // each step is one kern::depformer_step with these arguments.
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s);
+// depformer_step_args throws ppx::Error for a w8a16 model (the persistent kernel reads bf16 weights).
 kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step);
 // The same step as per-op kernels; fused_attention computes the attention inside the output
 // projection's input staging (B == 1 only). inputs_hoisted: io.pre holds this step's input
@@ -122,7 +179,8 @@ struct SamplingParams {
 // One session's state (KV cache, buffers) and the captured step graph.
 class CudaLmStepper : public LmStepper {
  public:
-  // dep_steps < 0: all dep_q depformer steps (upstream). kPersistent throws where unsupported.
+  // dep_steps < 0: all dep_q depformer steps (upstream). kPersistent throws where unsupported
+  // and for a w8a16 model (kAuto with PPX_DEP_PERSISTENT=1 then logs and uses the per-op kernels).
   // defer_user_steps: run the user streams' depformer steps after run() returns (see above);
   // PPX_DEP_DEFER=0 turns it off for every stepper.
   CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1,
