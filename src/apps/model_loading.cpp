@@ -62,6 +62,11 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
                 " (the agent's codebooks are needed to decode the audio)");
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
+  if (f.device == "cuda") {
+    const std::string why = cuda_device_problem();
+    if (!why.empty())
+      throw Error((f.w8a16 ? "--w8a16" + via : std::string("--device cuda")) + ": " + why);
+  }
   m.dep_steps = f.dep_q_exit;
   m.other_mimi = !f.skip_other_mimi;
   std::string flags;
@@ -120,7 +125,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     // Full-size random LM weights are generated on the GPU; small ones go through the host.
     const bool device_random = !files && f.random_weights;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
-                                  f.codec_slots);
+                                  f.codec_slots, true, f.w8a16);
   } else {
     auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
     auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);

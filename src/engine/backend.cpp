@@ -15,6 +15,7 @@ class OwningCpuStepper : public LmStepper {
   const LmConfig& config() const override { return inner_.config(); }
   void reset() override { inner_.reset(); }
   void run(const StepRequest& r, StepResult& o, StepLogits* l) override { inner_.run(r, o, l); }
+  int depformer_steps() const override { return inner_.depformer_steps(); }
 
  private:
   Sampler sampler_;
@@ -47,6 +48,10 @@ std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::
 }
 
 #ifndef PPX_HAVE_CUDA
+std::string cuda_device_problem() {
+  return "this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)";
+}
+
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig&, WeightSource&, WeightSource*, uint64_t, int, bool,
                                                 bool) {
   throw Error("--device cuda: this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)");

@@ -40,6 +40,11 @@ std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSo
                                                 WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
                                                 bool with_lm = true, bool lm_w8a16 = false);
 
+// Why the CUDA engine cannot run here ("" when it can): no CUDA backend in this build, no usable
+// device, or a compute capability below 8.0 (the oldest the kernels are built for). Never throws;
+// the tools call it before anything loads and name the flag that asked for CUDA.
+std::string cuda_device_problem();
+
 // Runs a second codec stream on the same audio and discards its output: upstream's server runs
 // such an "other_mimi", and the stock benchmark reproduces its cost.
 class MirroredCodecStream : public CodecStream {

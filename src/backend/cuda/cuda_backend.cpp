@@ -13,7 +13,8 @@ namespace {
 
 class CudaCodecStream : public CodecStream {
  public:
-  CudaCodecStream(cuda::CudaMimi& mimi, int slot, int bins) : mimi_(mimi), slot_(slot), bins_(bins) {
+  CudaCodecStream(cuda::CudaMimi& mimi, int slot, int bins)
+      : mimi_(mimi), slot_(slot), bins_(bins) {
     const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
     PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     d_pcm_in_.resize(fs);
@@ -26,16 +27,18 @@ class CudaCodecStream : public CodecStream {
     h_codes_out_ = cuda::PinnedBuffer<int32_t>(nq);
     reset();
     enc_ = capture([&] {
-      PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm_in_.get(), h_pcm_in_.get(), fs * sizeof(float), cudaMemcpyHostToDevice, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm_in_.get(), h_pcm_in_.get(), fs * sizeof(float),
+                                     cudaMemcpyHostToDevice, s_));
       mimi_.encode(slot_, d_pcm_in_.get(), d_codes_out_.get(), s_);
-      PPX_CUDA_CHECK(
-          cudaMemcpyAsync(h_codes_out_.get(), d_codes_out_.get(), nq * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(h_codes_out_.get(), d_codes_out_.get(), nq * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, s_));
     });
     dec_ = capture([&] {
-      PPX_CUDA_CHECK(
-          cudaMemcpyAsync(d_codes_in_.get(), h_codes_in_.get(), nq * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_codes_in_.get(), h_codes_in_.get(), nq * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, s_));
       mimi_.decode(slot_, d_codes_in_.get(), d_pcm_out_.get(), s_);
-      PPX_CUDA_CHECK(cudaMemcpyAsync(h_pcm_out_.get(), d_pcm_out_.get(), fs * sizeof(float), cudaMemcpyDeviceToHost, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(h_pcm_out_.get(), d_pcm_out_.get(), fs * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s_));
     });
   }
   ~CudaCodecStream() override {
@@ -90,8 +93,8 @@ class CudaCodecStream : public CodecStream {
 
 class CudaBackend : public ModelBackend {
  public:
-  CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots, bool with_lm,
-              const cuda::CudaLmOptions& lm_opt)
+  CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots,
+              bool with_lm, const cuda::CudaLmOptions& lm_opt)
       : mimi_(cfg.mimi, mw, slots),
         bins_(cfg.mimi.quantizer.bins),
         lm_(!with_lm ? nullptr
@@ -103,12 +106,15 @@ class CudaBackend : public ModelBackend {
   // Cached: /health asks for it, and must not touch a device that may have failed.
   std::string device() const override { return device_; }
   std::unique_ptr<CodecStream> codec_stream(int slot) override {
-    if (slot < 0 || slot >= slots_) throw Error("codec slot " + std::to_string(slot) + " out of range");
+    if (slot < 0 || slot >= slots_)
+      throw Error("codec slot " + std::to_string(slot) + " out of range");
     return std::make_unique<CudaCodecStream>(mimi_, slot, bins_);
   }
-  std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps) override {
+  std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed,
+                                        int dep_steps) override {
     if (!lm_) throw Error("this CUDA backend was built without the LM");
-    return std::make_unique<cuda::CudaLmStepper>(*lm_, cuda::SamplingParams::from(gen, seed), dep_steps);
+    return std::make_unique<cuda::CudaLmStepper>(*lm_, cuda::SamplingParams::from(gen, seed),
+                                                 dep_steps);
   }
 
  private:
@@ -122,14 +128,31 @@ class CudaBackend : public ModelBackend {
 
 }  // namespace
 
+std::string cuda_device_problem() {
+  if (cuda::device_count() == 0) return "no usable CUDA device (driver or GPU missing)";
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "cannot query the CUDA device";
+  }
+  if (major < 8)
+    return "the GPU has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+           "; the kernels need 8.0 or newer (sm_80 .. sm_121)";
+  return "";
+}
+
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
-                                                WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
-                                                bool with_lm, bool lm_w8a16) {
-  if (cuda::device_count() == 0) throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
+                                                WeightSource* lm_weights, uint64_t random_seed,
+                                                int codec_slots, bool with_lm, bool lm_w8a16) {
+  if (cuda::device_count() == 0)
+    throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
   if (with_lm && !cfg.lm) throw Error("the config has no lm section");
   cuda::CudaLmOptions lm_opt;
   lm_opt.w8a16 = lm_w8a16;
-  return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots, with_lm, lm_opt);
+  return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots,
+                                       with_lm, lm_opt);
 }
 
 }  // namespace ppx

@@ -190,6 +190,7 @@ class CudaLmStepper : public LmStepper {
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
   double deferred_ms() const override { return last_tail_ms_; }
+  int depformer_steps() const override { return dep_steps_; }
   // Device time of the last run (ms) until its tokens were ready, measured with events.
   float last_step_ms() const { return last_ms_; }
   bool persistent_depformer() const { return dep_persistent_; }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/device_pack.sh (ppx_cuda_tests, personaplex-bench): the
+# CUDA tests (w8a16 golden included), then the speed-flag ladder of personaplex-bench with random
+# full-size weights: stock, --w8a16, + --dep-q-exit 8, + --skip-other-mimi (= --fast), FRAMES
+# frames each (default 500), and --fast over 3000 frames (the context full). Output in $OUT.
+set -u
+cd "$(dirname "$0")/.."
+. scripts/device_common.sh
+frames=${FRAMES:-500}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
+$B/ppx_cuda_tests > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?" >> "$OUT/summary.txt"
+grep -E "teacher-forced|w8a16|PASSED|FAILED|SKIPPED" "$OUT/cuda_tests.log" | head -40 >> "$OUT/summary.txt"
+run() {  # name, flags...
+  local name=$1; shift
+  $B/personaplex-bench --device cuda --random-weights "$@" --out "$OUT/frame_$name.json" > "$OUT/bench_$name.log" 2>&1
+  echo "bench $name rc=$?" >> "$OUT/summary.txt"
+}
+run stock --frames "$frames"
+run w8a16 --frames "$frames" --w8a16
+run w8a16_dep8 --frames "$frames" --w8a16 --dep-q-exit 8
+run fast --frames "$frames" --fast
+run fast_3000 --frames 3000 --fast
+python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
+import json, sys, os
+d = sys.argv[1]
+for f in sorted(os.listdir(d)):
+    if f.startswith("frame_") and f.endswith(".json"):
+        j = json.load(open(os.path.join(d, f)))
+        st = j["stages_ms"]; t = j["total_ms"]
+        print("%-22s total p50 %.2f p99 %.2f p99.9 %s | enc %.2f lm p50 %.2f p99 %.2f dec %.2f | over %d | %s" % (
+            f, t["p50"], t["p99"], t.get("p99_9"), st["mimi_encode"]["p50"],
+            st["lm_step"]["p50"], st["lm_step"]["p99"], st["mimi_decode"]["p50"], j["frames_over_budget"],
+            j.get("flags")))
+PY
+cat "$OUT/summary.txt"
