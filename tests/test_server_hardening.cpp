@@ -315,7 +315,7 @@ TEST_F(ServerTest, ShutdownDrainsThenEndsSessionsWithAnError) {
   EXPECT_NE(ex.errors[0].find("shutting down"), std::string::npos) << ex.errors[0];
   EXPECT_GE(ended, 1400ms);
   EXPECT_LT(ended, 5s);
-  EXPECT_GE(ex.audio_msgs - audio_at_shutdown, 10);  // ~18 frames answered during the drain
+  EXPECT_GE(ex.audio_msgs - audio_at_shutdown, 5);  // ~18 at real time; fewer under sanitizers
   EXPECT_EQ(server_->wait(), ppx::server::kExitOk);
   server_.reset();
 }
