@@ -35,6 +35,18 @@ std::string long_prompt() {
   return words;
 }
 
+// The server on a FaultyBackend that wraps the tiny model, to inject failures.
+class FaultyServerTest : public ServerTest {
+ protected:
+  void start_faulty(int max_sessions, double idle_s) {
+    faulty_model_ = ppx::server::server_model(*model_);
+    faulty_model_.backend = &faulty_;
+    start(max_sessions, idle_s, 2.0, "", "", {}, &faulty_model_);
+  }
+  FaultyBackend faulty_{*model_->backend};
+  ppx::server::ServerModel faulty_model_;
+};
+
 // A voice file whose name is not UTF-8: /api/voices used to throw on an I/O thread (json
 // type_error 316), which terminated the process.
 TEST_F(ServerTest, VoiceNameThatIsNotUtf8IsSkipped) {
@@ -49,27 +61,21 @@ TEST_F(ServerTest, VoiceNameThatIsNotUtf8IsSkipped) {
 }
 
 // An exception in an HTTP handler is a 500 for that request; the server keeps serving.
-TEST_F(ServerTest, HandlerExceptionIsA500) {
-  FaultyBackend faulty(*model_->backend);
-  ppx::server::ServerModel m = ppx::server::server_model(*model_);
-  m.backend = &faulty;
-  start(1, 3.0, 2.0, "", "", {}, &m);
-  faulty.device_throws = true;
+TEST_F(FaultyServerTest, HandlerExceptionIsA500) {
+  start_faulty(1, 3.0);
+  faulty_.device_throws = true;
   int status = 0;
   http_get(port_, "/health", &status);
   EXPECT_EQ(status, 500);
-  faulty.device_throws = false;
+  faulty_.device_throws = false;
   EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "ok");
   expect_healthy();
 }
 
 // An exception while a session is set up or runs: 0x05 + close for that client, slot freed.
-TEST_F(ServerTest, SessionExceptionIsAnErrorAndClose) {
-  FaultyBackend faulty(*model_->backend);
-  ppx::server::ServerModel m = ppx::server::server_model(*model_);
-  m.backend = &faulty;
-  start(1, 3.0, 2.0, "", "", {}, &m);
-  faulty.stepper_throws = true;
+TEST_F(FaultyServerTest, SessionExceptionIsAnErrorAndClose) {
+  start_faulty(1, 3.0);
+  faulty_.stepper_throws = true;
   Client c;
   ASSERT_TRUE(c.connect(port_, chat()));
   const Exchange ex = c.run({}, 0ms, nullptr, 10s);
@@ -77,17 +83,14 @@ TEST_F(ServerTest, SessionExceptionIsAnErrorAndClose) {
   EXPECT_TRUE(ex.closed);
   ASSERT_EQ(ex.errors.size(), 1u);
   EXPECT_NE(ex.errors[0].find("injected failure"), std::string::npos) << ex.errors[0];
-  faulty.stepper_throws = false;
+  faulty_.stepper_throws = false;
   expect_healthy();
 }
 
 // A DeviceError (sticky CUDA error) in one session: every client is told and closed, new
 // sessions are refused, and wait() reports a non-zero exit code.
-TEST_F(ServerTest, DeviceErrorTellsEveryClientAndStopsNonZero) {
-  FaultyBackend faulty(*model_->backend);
-  ppx::server::ServerModel m = ppx::server::server_model(*model_);
-  m.backend = &faulty;
-  start(2, 5.0, 2.0, "", "", {}, &m);
+TEST_F(FaultyServerTest, DeviceErrorTellsEveryClientAndStopsNonZero) {
+  start_faulty(2, 5.0);
   std::vector<float> speech = user_speech();
   speech.resize(40 * kFrame);
   Exchange other;
@@ -109,7 +112,7 @@ TEST_F(ServerTest, DeviceErrorTellsEveryClientAndStopsNonZero) {
   const Exchange ex = c.run(
       audio_messages(speech), 80ms,
       [&](const Exchange& e) {
-        if (e.audio_msgs >= 4) faulty.step_device_error = true;
+        if (e.audio_msgs >= 4) faulty_.step_device_error = true;
         return false;
       },
       30s);
@@ -123,7 +126,7 @@ TEST_F(ServerTest, DeviceErrorTellsEveryClientAndStopsNonZero) {
         << e->errors[0];
   }
   EXPECT_EQ(server_->wait(), ppx::server::kExitDeviceError);
-  EXPECT_EQ(faulty.live_steppers.load(), 0);
+  EXPECT_EQ(faulty_.live_steppers.load(), 0);
   server_.reset();
 }
 
@@ -394,12 +397,9 @@ TEST_F(ServerTest, BusyErrorArrivesBeforeTheCloseWhileTheClientSends) {
 }
 
 // stop() while sessions are starting: no worker (and so no model state) outlives it.
-TEST_F(ServerTest, StopWhileSessionsStartLeavesNoWorker) {
-  FaultyBackend faulty(*model_->backend);
-  ppx::server::ServerModel m = ppx::server::server_model(*model_);
-  m.backend = &faulty;
+TEST_F(FaultyServerTest, StopWhileSessionsStartLeavesNoWorker) {
   for (int round = 0; round < 6; ++round) {
-    start(2, 3.0, 2.0, "", "", {}, &m);
+    start_faulty(2, 3.0);
     std::vector<std::unique_ptr<Client>> clients;
     for (int i = 0; i < 2; ++i) {
       clients.push_back(std::make_unique<Client>());
@@ -407,7 +407,7 @@ TEST_F(ServerTest, StopWhileSessionsStartLeavesNoWorker) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(round * 7));
     server_->stop();
-    EXPECT_EQ(faulty.live_steppers.load(), 0) << "round " << round;
+    EXPECT_EQ(faulty_.live_steppers.load(), 0) << "round " << round;
     server_.reset();
   }
 }
