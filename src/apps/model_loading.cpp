@@ -1,5 +1,6 @@
 #include "apps/model_loading.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "ppx/error.h"
@@ -7,6 +8,7 @@
 #include "ppx/mimi.h"
 #include "ppx/resources.h"
 #include "ppx/safetensors.h"
+#include "ppx/synthetic_tokenizer.h"
 #include "ppx/weights.h"
 
 namespace ppx::app {
@@ -136,6 +138,15 @@ LoadedModel load_model(const ModelFlags& f_in) {
   } else if (m.cfg.lm->text_card == 1000) {
     m.tokenizer = std::make_unique<TextTokenizer>(TextTokenizer::from_serialized(
         std::string(embedded_tiny_tokenizer()), "embedded:tiny_spm_1000"));
+  } else if (f.random_weights) {
+    // Random weights need no real vocabulary: a generated one of the right size lets the tools
+    // run at full size without the checkpoint's tokenizer (text prompts encode, text tokens name).
+    m.tokenizer = std::make_unique<TextTokenizer>(synthetic_tokenizer(m.cfg.lm->text_card));
+    m.description += ", synthetic " + std::to_string(m.cfg.lm->text_card) + "-piece tokenizer";
+    std::fprintf(stderr,
+                 "text tokenizer: synthetic (%d generated pieces; no --tokenizer or --hf-dir "
+                 "given): with random weights the text output is meaningless anyway\n",
+                 m.cfg.lm->text_card);
   }
   if (m.tokenizer && m.tokenizer->vocab_size() != m.cfg.lm->text_card) {
     throw Error("the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
