@@ -153,10 +153,9 @@ nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
   return rows;
 }
 
-// The depformer's 16 steps (no sampling) at full size, random weights: the per-op kernels against
-// the persistent kernel at a few grid sizes (its input projections for all steps included, once
-// per 16 steps), and one traced persistent step split into each phase's work and its barrier wait
-// (block 0's clock).
+// The depformer's 16 steps at full size, random weights, as the LM step runs them (per-op
+// kernels, the input projections of all steps in one GEMV before step 0, counted 1/16 per step):
+// alone, its token sampling alone, and both.
 nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   using namespace ppx;
   const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
@@ -167,14 +166,12 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
       v(k.size()), z(DD), qkv(3 * DD), att(DD), gu(c.depformer_ffn_hidden()), pre(static_cast<size_t>(S) * DD);
   DeviceBuffer<float> logits(static_cast<size_t>(S) * c.card);
   DeviceBuffer<int32_t> tok(1), slot(1);
-  DeviceBuffer<unsigned> barrier(1);
   kern::fill_random_bf16(x.get(), c.dim, 5, 1.f, 0.f, s);
   const int32_t t0 = 17, s0 = 0;
   tok.upload(&t0, 1, s);
   slot.upload(&s0, 1, s);
   k.zero(s);
   v.zero(s);
-  barrier.zero(s);
   cuda::DepformerIo io;
   io.x = x.get();
   io.token = tok.get();
@@ -190,10 +187,13 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   io.pre_stride = static_cast<int64_t>(S) * DD;
   io.logits = logits.get();
   io.logits_stride = static_cast<int64_t>(S) * c.card;
-  io.barrier = barrier.get();
   PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+  auto step = [&](int st) {
+    if (st == 0) cuda::enqueue_depformer_inputs(lm, io, 0, S, s);
+    cuda::enqueue_depformer_kernels(lm, io, st, s);
+  };
   nlohmann::ordered_json j;
-  const double ops = time_graph_ms(s, S, 9, [&](int st) { cuda::enqueue_depformer_kernels(lm, io, st, false, s); });
+  const double ops = time_graph_ms(s, S, 9, [&](int st) { step(st); });
   j["per_op_step_us"] = ops * 1e3;
   std::printf("depformer step, per-op kernels          %7.2f us\n", ops * 1e3);
   // The depformer's token sampling (2048 logits, temperature 0.8, top-k 250), alone and after each
@@ -224,95 +224,13 @@ nlohmann::ordered_json depformer_bench(cudaStream_t s) {
   };
   const double samp = time_graph_ms(s, S, 9, [&](int st) { sample(st); });
   const double ops_samp = time_graph_ms(s, S, 9, [&](int st) {
-    cuda::enqueue_depformer_kernels(lm, io, st, false, s);
+    step(st);
     sample(st);
   });
   j["sample_us"] = samp * 1e3;
   j["per_op_step_with_sample_us"] = ops_samp * 1e3;
   std::printf("depformer sampling alone                 %7.2f us\n", samp * 1e3);
   std::printf("depformer step, per-op kernels + sample %7.2f us\n", ops_samp * 1e3);
-  int sms = 0, dev = 0, khz = 0;
-  PPX_CUDA_CHECK(cudaGetDevice(&dev));
-  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
-  nlohmann::ordered_json variants = nlohmann::ordered_json::array();
-  // The persistent steps of one frame: the input projections of all steps, then the 16 launches
-  // (time_graph_ms divides by the 16 launches, so the projections count 1/16 per step).
-  auto persistent = [&](const kern::DepPlan& plan, int st, bool with_sample, bool evict_first = true,
-                        bool kv_in_ring = true) {
-    if (st == 0) cuda::enqueue_depformer_inputs(lm, io, 0, S, s);
-    kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
-    a.evict_first = evict_first;
-    a.kv_in_ring = kv_in_ring;
-    kern::depformer_step(a, plan, s);
-    if (with_sample) sample(st);
-  };
-  struct Variant {
-    int blocks;
-    bool evict, kv;
-  };
-  for (const Variant& v : {Variant{sms, true, true}, Variant{sms, false, true}, Variant{sms, true, false},
-                           Variant{sms / 2, true, true}}) {
-    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0), v.blocks);
-    if (plan.blocks == 0) throw Error("persistent depformer kernel: " + plan.why);
-    const double ms = time_graph_ms(s, S, 9, [&](int st) { persistent(plan, st, false, v.evict, v.kv); });
-    nlohmann::ordered_json r;
-    r["blocks"] = plan.blocks;
-    r["ring_kib"] = plan.wcap / 1024.0;
-    r["l2_evict_first"] = v.evict;
-    r["kv_in_ring"] = v.kv && plan.kv_fits;
-    r["step_us"] = ms * 1e3;
-    variants.push_back(r);
-    std::printf("depformer step, persistent %3d blocks (ring %.0f KiB)%s%s %7.2f us\n", plan.blocks,
-                plan.wcap / 1024.0, v.evict ? "" : " no L2 hint", v.kv && plan.kv_fits ? "" : " K/V from L2",
-                ms * 1e3);
-  }
-  j["persistent"] = variants;
-  {
-    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0));
-    const double ms = time_graph_ms(s, S, 9, [&](int st) { persistent(plan, st, true); });
-    j["persistent_with_sample_us"] = ms * 1e3;
-    std::printf("depformer step, persistent + sample      %7.2f us\n", ms * 1e3);
-  }
-  // One traced step (step 5, after steps 0..4), full grid.
-  const int P = kern::dep_phase_count(c.depformer_num_layers);
-  const double us_per_cycle = 1e3 / khz;
-  {
-    const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io, 0));
-    DeviceBuffer<long long> trace(static_cast<size_t>(10) * P);
-    cuda::enqueue_depformer_inputs(lm, io, 0, S, s);
-    for (int st = 0; st <= 5; ++st) {
-      kern::DepStepArgs a = cuda::depformer_step_args(lm, io, st);
-      if (st == 5) a.trace = trace.get();
-      kern::depformer_step(a, plan, s);
-    }
-    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<long long> t(trace.size());
-    PPX_CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-    nlohmann::ordered_json phases = nlohmann::ordered_json::array();
-    double sum[5] = {0, 0, 0, 0, 0};
-    const char* names[5] = {"stage_us", "weight_wait_us", "gemv_us", "epilogue_us", "barrier_us"};
-    std::printf("traced persistent step 5 (block 0; us): stage, weight wait, gemv, epilogue, barrier; last block's work\n");
-    for (int p = 0; p < P; ++p) {
-      double v[5];
-      for (int i = 0; i < 4; ++i) v[i] = (t[5 * p + i + 1] - t[5 * p + i]) * us_per_cycle;
-      v[4] = p + 1 < P ? (t[5 * p + 5] - t[5 * p + 4]) * us_per_cycle : 0.0;
-      const double wl = (t[5 * P + 5 * p + 4] - t[5 * P + 5 * p]) * us_per_cycle;
-      nlohmann::ordered_json r;
-      r["phase"] = p;
-      for (int i = 0; i < 5; ++i) {
-        r[names[i]] = v[i];
-        sum[i] += v[i];
-      }
-      r["work_us_last_block"] = wl;
-      phases.push_back(r);
-      std::printf("  phase %2d  %6.2f %6.2f %6.2f %6.2f %6.2f   last block %6.2f\n", p, v[0], v[1], v[2], v[3], v[4], wl);
-    }
-    std::printf("  sums: staging %.1f, weight wait %.1f, gemv %.1f, epilogue %.1f, barrier %.1f us (clock %d MHz assumed)\n",
-                sum[0], sum[1], sum[2], sum[3], sum[4], khz / 1000);
-    j["trace"] = phases;
-  }
-  j["trace_clock_mhz"] = khz / 1000;
   return j;
 }
 

@@ -69,11 +69,12 @@ __device__ __forceinline__ bool ring_visible(int idx, int E, int C, int q, int c
 
 namespace ppx::kern {
 
-// Programmatic Dependent Launch (sm_90+): a kernel launched with pdl_launch may start while the
-// previous kernel in the stream finishes; it must call pdl_wait() before touching anything the
-// previous kernels write or read-and-overwrite, and may do independent work (weight prefetch)
-// before. pdl_trigger() lets the next kernel launch early. Both are no-ops below sm_90 and when
-// the kernel was launched without the attribute.
+// Programmatic Dependent Launch (sm_90+) device hooks: pdl_wait() waits for the previous kernels in
+// the stream, pdl_trigger() lets the next one launch early. Both are no-ops below sm_90 and when
+// the kernel was launched without the PDL attribute, which is always the case for the LM kernels:
+// PDL for them measured slower on an H200 (docs/PERF.md v0.2, v0.3) and left the code on
+// 2026-12-03. The hooks remain where kernels still call them (the Mimi kernels launch with PDL
+// through mimi_device.cuh, which has its own pdl_wait).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -90,10 +91,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
-// Whether launches use PDL; set once at start-up from the device's compute capability.
-void set_pdl(bool on);
-bool pdl_enabled();
-
+// Launches an LM kernel, without the PDL attribute (see above; the name predates that).
 template <typename... KArgs, typename... Args>
 inline cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                               Args&&... args) {
@@ -102,11 +100,6 @@ inline cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, s
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -6,12 +6,6 @@
 namespace ppx::kern {
 
 namespace {
-bool g_pdl = false;
-}  // namespace
-void set_pdl(bool on) { g_pdl = on; }
-bool pdl_enabled() { return g_pdl; }
-
-namespace {
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

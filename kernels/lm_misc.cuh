@@ -56,9 +56,6 @@ void copy_spans(const CopySpans& c, cudaStream_t s);
 
 // Deterministic pseudo-random bf16 fill: w[i] = offset + scale * u(seed, i), u uniform in [-1, 1).
 void fill_random_bf16(__nv_bfloat16* w, int64_t n, uint64_t seed, float scale, float offset, cudaStream_t s);
-// Programmatic dependent launch for the LM kernels (call once at start-up; needs sm_90+).
-void set_pdl(bool on);
-bool pdl_enabled();
 
 // Elementwise fp32 -> bf16 (round to nearest even).
 void f32_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s);

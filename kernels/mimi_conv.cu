@@ -13,7 +13,6 @@
 //   batch is issued before waiting on the previous kernel (PDL). Partial sums of the ksplit warps
 //   are added in shared memory in a fixed order, so results are deterministic.
 #include <cstdint>
-#include <cstdlib>
 
 #include "common.cuh"
 #include "mimi_conv.cuh"
@@ -21,16 +20,22 @@
 
 namespace ppx::kern::mimi {
 
-bool pdl_supported() {
-  static const bool ok = [] {
-    if (std::getenv("PPX_NO_PDL")) return false;
+namespace {
+thread_local bool t_pdl_off = false;  // a PdlScope(false) is open on this thread
+}  // namespace
+
+bool pdl_enabled() {
+  static const bool supported = [] {
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     return major >= 9;
   }();
-  return ok;
+  return supported && !t_pdl_off;
 }
+
+PdlScope::PdlScope(bool on) : prev_off_(t_pdl_off) { t_pdl_off = !on; }
+PdlScope::~PdlScope() { t_pdl_off = prev_off_; }
 
 namespace {
 

@@ -58,4 +58,20 @@ size_t conv_gemv_smem_bytes(const ConvParams& p);
 cudaError_t conv_gemv_reserve_smem(size_t bytes);
 void conv_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s);
 
+// Programmatic dependent launch (PDL) of the Mimi kernels: every launch of conv_*, linear,
+// attention and rvq_* uses it where the device supports it (compute capability 9.0+; a kernel's
+// blocks start as its predecessor's exit), except launches enqueued on this thread while a
+// PdlScope(false) is open. CudaMimi opens one around each encode and decode with its `pdl` option
+// (ppx::CudaOptions::mimi_pdl, --no-mimi-pdl). Results do not depend on it.
+class PdlScope {
+ public:
+  explicit PdlScope(bool on);
+  ~PdlScope();
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool prev_off_;
+};
+
 }  // namespace ppx::kern::mimi

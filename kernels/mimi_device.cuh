@@ -71,8 +71,9 @@ __device__ __forceinline__ void advance_after_last_block(int* done, int* counter
 }
 
 // Host: launches `kernel` with the programmatic-stream-serialization attribute where the device
-// supports it (compute capability 9.0+), else as a plain launch.
-bool pdl_supported();
+// supports it (compute capability 9.0+) and no PdlScope(false) is open on this thread
+// (mimi_conv.cuh), else as a plain launch.
+bool pdl_enabled();
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
   cudaLaunchConfig_t cfg = {};
@@ -84,7 +85,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 

@@ -2,9 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -82,10 +80,8 @@ TEST(CudaLmGolden, TeacherForcedW8a16AgainstFp32Reference) {
   EXPECT_LE(r.audio_logits_max_rel_l2, 0.1);
 }
 
-// w8a16 weight memory: the linear weights at 1 byte plus a float per row, the rest bf16; the
-// persistent depformer kernel (bf16 weights) is refused when asked for explicitly and falls back
-// to the per-op kernels under PPX_DEP_PERSISTENT=1.
-TEST(CudaLmW8a16, WeightBytesAndPersistentPath) {
+// w8a16 weight memory: the linear weights at 1 byte plus a float per row, the rest bf16.
+TEST(CudaLmW8a16, WeightBytes) {
   SKIP_WITHOUT_GPU();
   TinyCuda b;
   cuda::CudaLmOptions opt;
@@ -96,11 +92,6 @@ TEST(CudaLmW8a16, WeightBytesAndPersistentPath) {
   // checks the 7B ratio (16.7 -> 8.7 GB).
   EXPECT_LT(q.lm.weight_bytes(), b.lm.weight_bytes());
   EXPECT_FALSE(b.lm.text_linear.fp8());
-  EXPECT_THROW(cuda::CudaLmStepper(q.lm, q.greedy, -1, cuda::DepformerPath::kPersistent), Error);
-  setenv("PPX_DEP_PERSISTENT", "1", 1);
-  cuda::CudaLmStepper st(q.lm, q.greedy);
-  unsetenv("PPX_DEP_PERSISTENT");
-  EXPECT_FALSE(st.persistent_depformer());
 }
 
 TEST(CudaLmGolden, TeacherForcedAgainstUpstreamBf16) {
@@ -154,8 +145,6 @@ TEST(CudaLmSampling, SeededAndInRange) {
   }
 }
 
-// The persistent depformer kernel against the per-op kernels: same rounding points, only the fp32
-// accumulation order of a row differs, so logits agree far below bf16 noise and tokens are equal.
 namespace {
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
@@ -200,133 +189,18 @@ struct RandomStep {
   }
 };
 
-// The persistent path against the per-op path on the same random requests (sampling on, some
-// streams provided). Same rounding points, another fp32 summation order: measured 8e-4 (tiny) and
-// 5e-3 to 7e-3 (full size, random weights) relative L2 on the audio logits; the bound is the one the
-// golden checks allow between bf16 and fp32.
-void compare_steppers(const cuda::CudaLm& lm, int steps) {
-  cuda::SamplingParams sp;
-  sp.seed = 7;
-  cuda::CudaLmStepper old_path(lm, sp, -1, cuda::DepformerPath::kKernels);
-  // Not deferred: the deferred steps always run the per-op kernels.
-  cuda::CudaLmStepper new_path(lm, sp, -1, cuda::DepformerPath::kPersistent, /*defer_user_steps=*/false);
-  ASSERT_FALSE(old_path.persistent_depformer());
-  ASSERT_TRUE(new_path.persistent_depformer());
-  std::mt19937 rng(11);
-  double worst = 0;
-  for (int t = 0; t < steps; ++t) {
-    const RandomStep step(lm.config(), rng);
-    StepResult ro, rn;
-    StepLogits lo, ln;
-    old_path.run(step.request(), ro, &lo);
-    new_path.run(step.request(), rn, &ln);
-    ASSERT_TRUE(all_finite(ln.audio)) << "step " << t;
-    EXPECT_EQ(rn.text, ro.text) << "step " << t;
-    EXPECT_EQ(rel_l2(ln.text, lo.text), 0.0) << "step " << t;  // the temporal part is shared code
-    worst = std::max(worst, rel_l2(ln.audio, lo.audio));
-  }
-  std::printf("depformer audio logits rel L2 over %d steps: persistent vs per-op %.3g\n", steps, worst);
-  EXPECT_LE(worst, 2e-2);
-}
-
-// One depformer step sequence (steps 0..dep_q-1) for B batch rows on distinct ring slots, kernel
-// level: per-op kernels and the persistent kernel on separate state, same inputs.
-void compare_batch(const cuda::CudaLm& lm, int B, bool kv_in_ring) {
-  const LmConfig& c = lm.config();
-  const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, slots = 4;
-  cuda::DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(B) * D);
-  kern::fill_random_bf16(x.get(), static_cast<int64_t>(B) * D, 99 + B, 1.f, 0.f, nullptr);
-  const int32_t tokens[4] = {5, -1, 1 << 30, 3};  // a row, nothing, a clamped row, a row
-  const int32_t slot_ids[4] = {2, 0, 3, 1};
-  cuda::DeviceBuffer<int32_t> tok(B), slot(B);
-  tok.upload(tokens, B);
-  slot.upload(slot_ids, B);
-  struct State {
-    cuda::DeviceBuffer<__nv_bfloat16> k, v, z, qkv, att, gu, pre;
-    cuda::DeviceBuffer<float> logits;
-    cuda::DeviceBuffer<unsigned> barrier;
-  };
-  const size_t ring = static_cast<size_t>(c.depformer_num_layers) * slots * S * DD;
-  auto make = [&](State& st) {
-    st.k.resize(ring);
-    st.v.resize(ring);
-    st.k.zero();
-    st.v.zero();
-    st.z.resize(static_cast<size_t>(B) * DD);
-    st.qkv.resize(static_cast<size_t>(B) * 3 * DD);
-    st.att.resize(static_cast<size_t>(B) * DD);
-    st.gu.resize(static_cast<size_t>(B) * DH);
-    st.pre.resize(static_cast<size_t>(B) * (S + 1) * DD);  // a row stride beyond S * DD
-    st.logits.resize(static_cast<size_t>(B) * S * c.card);
-    PPX_CUDA_CHECK(cudaMemset(st.logits.get(), 0xff, st.logits.bytes()));  // NaN: every entry must be written
-    st.barrier.resize(1);
-    st.barrier.zero();
-    cuda::DepformerIo io;
-    io.B = B;
-    io.x = x.get();
-    io.token = tok.get();
-    io.k_ring = st.k.get();
-    io.v_ring = st.v.get();
-    io.ring_layer_stride = static_cast<int64_t>(slots) * S * DD;
-    io.slot = slot.get();
-    io.z = st.z.get();
-    io.qkv = st.qkv.get();
-    io.att = st.att.get();
-    io.gu = st.gu.get();
-    io.pre = st.pre.get();
-    io.pre_stride = static_cast<int64_t>(S + 1) * DD;
-    io.logits = st.logits.get();
-    io.logits_stride = static_cast<int64_t>(S) * c.card;
-    io.barrier = st.barrier.get();
-    return io;
-  };
-  State so, sn;
-  const cuda::DepformerIo io_old = make(so), io_new = make(sn);
-  const kern::DepPlan plan = kern::depformer_plan(cuda::depformer_step_args(lm, io_new, 0));
-  ASSERT_GT(plan.blocks, 0) << plan.why;
-  cuda::enqueue_depformer_inputs(lm, io_new, 0, S, nullptr);
-  for (int st = 0; st < S; ++st) {
-    cuda::enqueue_depformer_kernels(lm, io_old, st, false, nullptr);
-    kern::DepStepArgs a = cuda::depformer_step_args(lm, io_new, st);
-    a.kv_in_ring = kv_in_ring;
-    kern::depformer_step(a, plan, nullptr);
-  }
-  PPX_CUDA_CHECK(cudaDeviceSynchronize());
-  const size_t n = so.logits.size();
-  std::vector<float> lo(n), ln(n);
-  PPX_CUDA_CHECK(cudaMemcpy(lo.data(), so.logits.get(), n * sizeof(float), cudaMemcpyDeviceToHost));
-  PPX_CUDA_CHECK(cudaMemcpy(ln.data(), sn.logits.get(), n * sizeof(float), cudaMemcpyDeviceToHost));
-  ASSERT_TRUE(all_finite(lo));
-  ASSERT_TRUE(all_finite(ln));
-  const size_t row = static_cast<size_t>(S) * c.card;
-  for (int b = 0; b < B; ++b) {
-    const std::vector<float> o(lo.begin() + b * row, lo.begin() + (b + 1) * row);
-    const std::vector<float> w(ln.begin() + b * row, ln.begin() + (b + 1) * row);
-    const double d = rel_l2(w, o);
-    std::printf("B %d row %d%s: persistent vs per-op logits rel L2 %.3g\n", B, b, kv_in_ring ? "" : " (K/V from L2)",
-                d);
-    EXPECT_LE(d, 2e-2) << "B " << B << " row " << b;
-    if (b > 0) {  // rows with other inputs give other logits (the batch is not collapsed)
-      const std::vector<float> first(ln.begin(), ln.begin() + row);
-      EXPECT_GT(rel_l2(w, first), 1e-2) << "B " << B << " row " << b;
-    }
-  }
-}
-
 // The deferred user-stream depformer steps against a serial stepper (same kernels, same counter-
 // based random draws): identical tokens and logits, sampling on. Frames without logits and with
 // every user stream provided return before the tail runs (its tokens are -1 then); a frame with
 // logits, or with a user stream not provided, waits for it. The serial results are computed
 // first, so that the deferred stepper runs its frames back to back and each tail overlaps the next
-// frame. With the persistent path the deferred steps run the per-op kernels, so their logits are
-// compared with the persistent-vs-per-op tolerance and their tokens not at all.
-void compare_deferred(const cuda::CudaLm& lm, int steps, cuda::DepformerPath path = cuda::DepformerPath::kKernels) {
+// frame.
+void compare_deferred(const cuda::CudaLm& lm, int steps) {
   const LmConfig& c = lm.config();
-  const bool exact = path == cuda::DepformerPath::kKernels;
   cuda::SamplingParams sp;
   sp.seed = 5;
-  cuda::CudaLmStepper serial(lm, sp, -1, path, /*defer_user_steps=*/false);
-  cuda::CudaLmStepper deferred(lm, sp, -1, path);
+  cuda::CudaLmStepper serial(lm, sp, -1, /*defer_user_steps=*/false);
+  cuda::CudaLmStepper deferred(lm, sp);
   const int half = c.n_q / 2;
   ASSERT_EQ(serial.tail_begin(), c.dep_q);
   ASSERT_EQ(deferred.tail_begin(), c.dep_q > half ? half : c.dep_q);
@@ -353,9 +227,7 @@ void compare_deferred(const cuda::CudaLm& lm, int steps, cuda::DepformerPath pat
       if (s < deferred.tail_begin()) {
         EXPECT_EQ(rd.audio[s], f.r.audio[s]) << "step " << t << " codebook " << s;
       } else if (f.with_logits || f.user_missing) {
-        if (exact) {
-          EXPECT_EQ(rd.audio[s], f.r.audio[s]) << "step " << t << " codebook " << s;
-        }
+        EXPECT_EQ(rd.audio[s], f.r.audio[s]) << "step " << t << " codebook " << s;
       } else {
         EXPECT_EQ(rd.audio[s], -1) << "step " << t << " codebook " << s;
       }
@@ -367,11 +239,7 @@ void compare_deferred(const cuda::CudaLm& lm, int steps, cuda::DepformerPath pat
           head_s(f.l.audio.begin(), f.l.audio.begin() + split), tail_d(ld.audio.begin() + split, ld.audio.end()),
           tail_s(f.l.audio.begin() + split, f.l.audio.end());
       EXPECT_EQ(rel_l2(head_d, head_s), 0.0) << "step " << t;
-      if (exact) {
-        EXPECT_EQ(rel_l2(tail_d, tail_s), 0.0) << "step " << t;
-      } else {
-        EXPECT_LE(rel_l2(tail_d, tail_s), 2e-2) << "step " << t;
-      }
+      EXPECT_EQ(rel_l2(tail_d, tail_s), 0.0) << "step " << t;
     }
     if (t > 0 && deferred.tail_begin() < c.dep_q) {
       EXPECT_GT(deferred.deferred_ms(), 0.0) << "step " << t;
@@ -386,37 +254,15 @@ TEST(CudaLmDeferred, MatchesSerialTiny) {
   SKIP_WITHOUT_GPU();
   TinyCuda t;
   compare_deferred(t.lm, 24);
-  compare_deferred(t.lm, 12, cuda::DepformerPath::kPersistent);
-}
-
-TEST(CudaLmDepformer, PersistentMatchesKernelsTiny) {
-  SKIP_WITHOUT_GPU();
-  TinyCuda t;
-  compare_steppers(t.lm, 12);
-}
-
-TEST(CudaLmDepformer, PersistentBatchRowsTiny) {
-  SKIP_WITHOUT_GPU();
-  TinyCuda t;
-  for (int B = 1; B <= 4; ++B) {
-    compare_batch(t.lm, B, true);
-    compare_batch(t.lm, B, false);
-  }
 }
 
 // Full-size shapes (16 heads of 64, K = 4096 input projection) with random weights generated on
 // the GPU (16.7 GB).
-TEST(CudaLmDepformer, PersistentMatchesKernelsFullSize) {
+TEST(CudaLmDeferred, MatchesSerialFullSize) {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = parse_config(std::string(embedded_config("personaplex-7b")), "embedded:personaplex-7b");
   cuda::CudaLm lm(*cfg.lm, 1234);
-  compare_steppers(lm, 4);
   compare_deferred(lm, 6);
-  compare_deferred(lm, 6, cuda::DepformerPath::kPersistent);
-  for (int B = 1; B <= 4; ++B) {
-    compare_batch(lm, B, true);
-    compare_batch(lm, B, false);
-  }
 }
 
 // The temporal ring attention against a plain fp32 reference of upstream's visibility rule, with
@@ -488,32 +334,6 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
   }
 }
 
-
-// The per-op depformer with its input projections hoisted into one GEMV (the token embedding added
-// while the first QKV projection stages its RMSNorm) against one input GEMV per step: a row's sum
-// is accumulated in the same order either way, so logits and tokens are identical.
-TEST(CudaLmDepformer, HoistedInputsEqualPerStepInputs) {
-  SKIP_WITHOUT_GPU();
-  TinyCuda t;
-  const LmConfig& c = *t.cfg.lm;
-  cuda::SamplingParams sp;
-  sp.seed = 9;
-  setenv("PPX_DEP_HOIST", "0", 1);
-  cuda::CudaLmStepper per_step(t.lm, sp, -1, cuda::DepformerPath::kKernels);
-  unsetenv("PPX_DEP_HOIST");
-  cuda::CudaLmStepper hoisted(t.lm, sp, -1, cuda::DepformerPath::kKernels);
-  std::mt19937 rng(21);
-  for (int step = 0; step < 10; ++step) {
-    const RandomStep r(c, rng);
-    StepResult ra, rb;
-    StepLogits la, lb;
-    per_step.run(r.request(), ra, &la);
-    hoisted.run(r.request(), rb, &lb);
-    EXPECT_EQ(ra.text, rb.text) << "step " << step;
-    EXPECT_EQ(ra.audio, rb.audio) << "step " << step;
-    EXPECT_EQ(rel_l2(lb.audio, la.audio), 0.0) << "step " << step;
-  }
-}
 
 // Full-size shapes with random weights (bf16 16.7 GB, then w8a16): a few sampled steps with w8a16
 // give finite logits and tokens in range. The text logits (the temporal transformer and text head

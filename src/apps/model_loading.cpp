@@ -42,6 +42,9 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--skip-other-mimi", skip_other_mimi,
                "do not run upstream's second, discarded Mimi stream (the server and the offline "
                "tool never run it; the bench runs it unless this is given)");
+  app.add_flag("--no-mimi-pdl", no_mimi_pdl,
+               "CUDA: launch the Mimi kernels without programmatic dependent launch (on by default "
+               "where the GPU supports it; for measurements)");
 }
 
 namespace {
@@ -64,6 +67,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
                 " (the agent's codebooks are needed to decode the audio)");
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
+  if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
   if (f.device == "cuda") {
     const std::string why = cuda_device_problem();
     if (!why.empty())
@@ -75,6 +79,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16) flags += " --w8a16";
   if (f.dep_q_exit != -1) flags += " --dep-q-exit " + std::to_string(f.dep_q_exit);
   if (f.skip_other_mimi) flags += " --skip-other-mimi";
+  if (f.no_mimi_pdl) flags += " --no-mimi-pdl";
   m.speed_flags = flags.empty() ? "" : flags.substr(1);
 }
 
@@ -126,8 +131,11 @@ LoadedModel load_model(const ModelFlags& f_in) {
   if (f.device == "cuda") {
     // Full-size random LM weights are generated on the GPU; small ones go through the host.
     const bool device_random = !files && f.random_weights;
+    CudaOptions cuda;
+    cuda.w8a16 = f.w8a16;
+    cuda.mimi_pdl = !f.no_mimi_pdl;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
-                                  f.codec_slots, true, f.w8a16);
+                                  f.codec_slots, true, cuda);
   } else {
     auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
     auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);

@@ -23,6 +23,7 @@ struct ModelFlags {
   // anything loads.
   bool fast = false, w8a16 = false, skip_other_mimi = false;
   int dep_q_exit = -1;  // depformer steps per frame; -1: all (upstream)
+  bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
   void add_to(CLI::App& app);
 };
 

@@ -53,7 +53,7 @@ std::string cuda_device_problem() {
 }
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig&, WeightSource&, WeightSource*, uint64_t, int, bool,
-                                                bool) {
+                                                const CudaOptions&) {
   throw Error("--device cuda: this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)");
 }
 #endif

@@ -31,14 +31,25 @@ class ModelBackend {
 // Takes ownership of CPU models.
 std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm);
 
+// How the CUDA engine runs, chosen on the command line (ModelFlags in src/apps/model_loading.h);
+// the defaults are the stock engine. Every choice the CUDA backend makes comes from here: it reads
+// no environment switches.
+struct CudaOptions {
+  // --w8a16: the LM's linear layers run with fp8 e4m3 weights and per-row scales, quantized at
+  // load (cuda::CudaLmOptions::w8a16).
+  bool w8a16 = false;
+  // Programmatic dependent launch for the Mimi kernels where the device supports it (compute
+  // capability 9.0+; measured faster, docs/PERF.md v0.2). --no-mimi-pdl turns it off.
+  bool mimi_pdl = true;
+};
+
 // The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device
 // (seed `random_seed`). `codec_slots`: codec streams that can exist at once. Throws ppx::Error
 // when the build has no CUDA backend or no GPU is usable.
-// `with_lm` false builds the codec only (lm_stepper then throws). `lm_w8a16`: the LM's linear
-// layers run with fp8 e4m3 weights and per-row scales, quantized at load (cuda::CudaLmOptions).
+// `with_lm` false builds the codec only (lm_stepper then throws).
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
                                                 WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
-                                                bool with_lm = true, bool lm_w8a16 = false);
+                                                bool with_lm = true, const CudaOptions& options = {});
 
 // Why the CUDA engine cannot run here ("" when it can): no CUDA backend in this build, no usable
 // device, or a compute capability below 8.0 (the oldest the kernels are built for). Never throws;

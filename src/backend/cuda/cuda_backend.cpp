@@ -91,15 +91,22 @@ class CudaCodecStream : public CodecStream {
   cuda::PinnedBuffer<int32_t> h_codes_in_, h_codes_out_;
 };
 
+// The LM's share of the options.
+cuda::CudaLmOptions lm_options(const CudaOptions& o) {
+  cuda::CudaLmOptions l;
+  l.w8a16 = o.w8a16;
+  return l;
+}
+
 class CudaBackend : public ModelBackend {
  public:
   CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots,
-              bool with_lm, const cuda::CudaLmOptions& lm_opt)
-      : mimi_(cfg.mimi, mw, slots),
+              bool with_lm, const CudaOptions& opt)
+      : mimi_(cfg.mimi, mw, slots, opt.mimi_pdl),
         bins_(cfg.mimi.quantizer.bins),
         lm_(!with_lm ? nullptr
-            : lw     ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw, lm_opt)
-                     : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_opt)),
+            : lw     ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw, lm_options(opt))
+                     : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_options(opt))),
         slots_(slots),
         used_(slots, false),
         device_("cuda: " + cuda::device_description()) {}
@@ -145,14 +152,12 @@ std::string cuda_device_problem() {
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,
                                                 WeightSource* lm_weights, uint64_t random_seed,
-                                                int codec_slots, bool with_lm, bool lm_w8a16) {
+                                                int codec_slots, bool with_lm, const CudaOptions& options) {
   if (cuda::device_count() == 0)
     throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
   if (with_lm && !cfg.lm) throw Error("the config has no lm section");
-  cuda::CudaLmOptions lm_opt;
-  lm_opt.w8a16 = lm_w8a16;
   return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots,
-                                       with_lm, lm_opt);
+                                       with_lm, options);
 }
 
 }  // namespace ppx

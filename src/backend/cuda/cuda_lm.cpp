@@ -1,11 +1,8 @@
 #include "backend/cuda/cuda_lm.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <utility>
 
@@ -47,11 +44,6 @@ bool is_linear(const std::string& key, const std::vector<int64_t>& shape) {
 
 size_t pad64(int64_t n) { return (static_cast<size_t>(n) + 63) / 64 * 64; }
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const bf16* x, int N, int K, bf16* y,
                   const bf16* alpha, int B, cudaStream_t s) {
@@ -66,14 +58,6 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, con
   a.y_stride = out == kern::GemvOut::kGateUp ? N / 2 : N;
   w.set(a);
   kern::gemv(in, out, a, s);
-}
-
-// Once per process: a server opens many sessions.
-void log_fallback(const std::string& why) {
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    std::fprintf(stderr, "ppx: persistent depformer kernel unavailable (%s); using the per-op kernels\n", why.c_str());
-  });
 }
 
 // Depformer step st adds the embedding of the previous stream's token: the text table at step 0,
@@ -106,45 +90,6 @@ void LinearWeight::set(kern::GemvArgs& a) const {
   a.w_scale = w8 ? w_scale : nullptr;
 }
 
-kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step) {
-  if (lm.w8a16()) throw Error("the persistent depformer kernel reads bf16 weights: not available with w8a16");
-  const LmConfig& c = lm.config();
-  const int DD = c.depformer_dim;
-  kern::DepStepArgs a;
-  a.B = io.B;
-  a.DD = DD;
-  a.DH = c.depformer_ffn_hidden();
-  a.heads = c.depformer_num_heads;
-  a.layers = c.depformer_num_layers;  // depformer_plan refuses more than kDepMaxLayers
-  a.card = c.card;
-  a.ring = c.dep_q;
-  a.step = step;
-  a.pre = io.pre + static_cast<int64_t>(step) * DD;
-  a.pre_stride = io.pre_stride;
-  const StepEmbedding e = step_embedding(lm, step);
-  a.emb = e.table;
-  a.emb_rows = e.rows;
-  a.token = io.token;
-  const size_t qkv_step = static_cast<size_t>(3) * DD * DD, out_step = static_cast<size_t>(DD) * DD;
-  for (int l = 0; l < std::min(a.layers, kern::kDepMaxLayers); ++l) {
-    const CudaLm::Depformer& L = lm.dep_layers[l];
-    a.layer[l] = {L.norm1, L.in_proj.w + step * qkv_step, L.out_proj.w + step * out_step,
-                  L.norm2, L.lin_in[step].w,            L.lin_out[step].w};
-  }
-  a.w_head = lm.linears[step].w;
-  a.k_ring = io.k_ring;
-  a.v_ring = io.v_ring;
-  a.ring_layer_stride = io.ring_layer_stride;
-  a.slot = io.slot;
-  a.z = io.z;
-  a.qkv = io.qkv;
-  a.gu = io.gu;
-  a.logits = io.logits + static_cast<int64_t>(step) * c.card;
-  a.logits_stride = io.logits_stride;
-  a.barrier = io.barrier;
-  return a;
-}
-
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s) {
   const LmConfig& c = lm.config();
   const int64_t DD = c.depformer_dim;
@@ -161,31 +106,13 @@ void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first
   kern::gemv(kern::GemvIn::kRmsNorm, kern::GemvOut::kStore, a, s);
 }
 
-void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, bool fused_attention,
-                               cudaStream_t s, bool inputs_hoisted) {
+void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, cudaStream_t s) {
   const LmConfig& c = lm.config();
-  const int D = c.dim, DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
+  const int DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
                   const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
-  if (!inputs_hoisted) {
-    kern::GemvArgs a;
-    a.x = io.x;
-    a.x_stride = D;
-    a.N = DD;
-    a.K = D;
-    a.B = B;
-    a.alpha = lm.out_norm;
-    a.y = io.z;
-    a.y_stride = DD;
-    const StepEmbedding e = step_embedding(lm, st);
-    a.table = e.table;
-    a.table_rows = e.rows;
-    a.token = io.token;
-    lm.depformer_in[st].set(a);
-    kern::gemv(GemvIn::kRmsNorm, GemvOut::kAddEmb, a, s);
-  }
   kern::RingArgs dring;
   dring.C = S;
   dring.H = c.depformer_num_heads;
@@ -195,8 +122,9 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     const CudaLm::Depformer& L = lm.dep_layers[l];
     dring.k = io.k_ring + l * io.ring_layer_stride;
     dring.v = io.v_ring + l * io.ring_layer_stride;
-    if (l == 0 && inputs_hoisted) {
-      // z = the hoisted input projection + the token embedding, stored while normed for the QKV.
+    if (l == 0) {
+      // z = this step's input projection (io.pre) + the token embedding, stored while normed for
+      // the QKV projection.
       kern::GemvArgs a;
       a.x = io.pre + static_cast<int64_t>(st) * DD;
       a.x_stride = io.pre_stride;
@@ -217,28 +145,9 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
       gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj.rows_from(static_cast<int64_t>(st) * 3 * DD), io.z, 3 * DD,
            DD, io.qkv, L.norm1);
     }
-    if (!fused_attention) {
-      kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
-      gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
-           io.z);
-    } else {
-      // Attention over the steps so far, computed while staging the output projection's input.
-      if (B != 1) throw Error("the fused depformer attention needs batch 1");
-      kern::GemvArgs o;
-      o.x = io.qkv;
-      o.x_stride = 3 * DD;
-      o.N = DD;
-      o.K = DD;
-      o.y = io.z;
-      o.y_stride = DD;
-      o.kc = dring.k;
-      o.vc = dring.v;
-      o.step = st;
-      o.heads = c.depformer_num_heads;
-      o.ring = S;
-      L.out_proj.rows_from(static_cast<int64_t>(st) * DD).set(o);
-      kern::gemv(GemvIn::kDepAttn, GemvOut::kResidual, o, s);
-    }
+    kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
+         io.z);
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
   }
@@ -266,13 +175,6 @@ SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
 
 void CudaLm::allocate() {
   kern::gemv_init();
-  // Programmatic dependent launch needs compute capability 9.0 (Hopper) or newer. It is opt-in
-  // (PPX_PDL=1): on an H200 it measured 0.6-1.4 ms slower per LM step than plain graph launches
-  // (bench/results/h200_2026-12-02_v3, _v4).
-  int dev = 0, major = 0;
-  PPX_CUDA_CHECK(cudaGetDevice(&dev));
-  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  kern::set_pdl(major >= 9 && std::getenv("PPX_PDL") != nullptr);
   // Every tensor in one bf16 arena (each padded to 64 elements), in state dict order.
   size_t total = 0;
   for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
@@ -443,20 +345,15 @@ CudaLm::CudaLm(const LmConfig& c, uint64_t seed, const CudaLmOptions& opt) : c_(
 
 CudaLm::~CudaLm() = default;
 
-CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps, DepformerPath path,
-                             bool defer_user_steps)
+CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps, bool defer_user_steps)
     : lm_(lm), sp_(sp) {
   const LmConfig& c = lm.config();
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
-  // The fused depformer attention measured slower than the separate kernel on an H200 (LM step
-  // 12.1 vs 9.6 ms p50, bench/results/h200_2026-12-02_v3); it stays available for comparison.
-  separate_dep_attention_ = std::getenv("PPX_DEP_ATTN_FUSED") == nullptr;
-  hoist_inputs_ = separate_dep_attention_ && !env_is("PPX_DEP_HOIST", "0");
   const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q;
   const int K = c.n_q + 1;
-  // Depformer steps of user streams (s >= n_q / 2) are deferred to the tail unless PPX_DEP_DEFER=0.
+  // Depformer steps of user streams (s >= n_q / 2) are deferred to the tail.
   tail_begin_ = dep_steps_;
-  if (defer_user_steps && !env_is("PPX_DEP_DEFER", "0") && dep_steps_ > c.n_q / 2) tail_begin_ = c.n_q / 2;
+  if (defer_user_steps && dep_steps_ > c.n_q / 2) tail_begin_ = c.n_q / 2;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PPX_CUDA_CHECK(cudaEventCreate(&ev0_));
   PPX_CUDA_CHECK(cudaEventCreate(&ev1_));
@@ -495,7 +392,6 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   temp_.resize(2);
   seed_.resize(1);
   counter_.resize(1);
-  dep_barrier_.resize(1);
   h_req_ = PinnedBuffer<int32_t>(req_.size());
   h_prov_ = PinnedBuffer<uint8_t>(K);
   h_out_ = PinnedBuffer<int32_t>(1 + S);
@@ -517,42 +413,11 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   top_k_.upload(topk, 2, stream_);
   seed_.upload(&sp.seed, 1, stream_);
   counter_.zero(stream_);
-  dep_barrier_.zero(stream_);
   std::memset(h_ext_.get(), 0, D * sizeof(float));
   reset();
 
-  // The persistent depformer kernel on request (PPX_DEP_PERSISTENT=1) where the device can run it
-  // (compute capability 9.0+, cooperative launch, a block per multiprocessor); PPX_DEP_BLOCKS caps
-  // its grid and PPX_DEP_KV=0 has it read the earlier steps' keys and values from L2. Off by
-  // default: it measured ~10% slower than the per-op kernels (docs/PERF.md, v0.4).
-  const bool want = path == DepformerPath::kPersistent ||
-                    (path == DepformerPath::kAuto && env_is("PPX_DEP_PERSISTENT", "1"));
-  dep_kv_in_ring_ = !env_is("PPX_DEP_KV", "0");
-  // The persistent kernel has its own bf16 GEMV: a w8a16 model runs the per-op kernels (an explicit
-  // kPersistent is refused).
-  if (want && dep_steps_ > 0 && lm.w8a16()) {
-    if (path == DepformerPath::kPersistent)
-      throw Error("persistent depformer kernel: not available with w8a16 weights (it reads bf16 weights)");
-    log_fallback("w8a16 weights");
-  } else if (want && dep_steps_ > 0) {
-    const char* cap = std::getenv("PPX_DEP_BLOCKS");
-    dep_plan_ = kern::depformer_plan(depformer_step_args(lm_, depformer_io(), 0),
-                                     cap ? std::atoi(cap) : 0);
-    dep_persistent_ = dep_plan_.blocks > 0;
-    if (!dep_persistent_) {
-      if (path == DepformerPath::kPersistent) throw Error("persistent depformer kernel: " + dep_plan_.why);
-      log_fallback(dep_plan_.why);
-    }
-  }
   // Capture the step once; every run replays it.
-  try {
-    capture_graphs();
-  } catch (const std::exception& e) {
-    if (!dep_persistent_ || path == DepformerPath::kPersistent) throw;
-    log_fallback(std::string("graph capture: ") + e.what());
-    dep_persistent_ = false;
-    capture_graphs();
-  }
+  capture_graphs();
 }
 
 namespace {
@@ -617,7 +482,6 @@ DepformerIo CudaLmStepper::depformer_io() const {
   io.pre_stride = static_cast<int64_t>(c.dep_q) * c.depformer_dim;
   io.logits = logits_.get() + c.text_card;
   io.logits_stride = static_cast<int64_t>(c.dep_q) * c.card;
-  io.barrier = dep_barrier_.get();
   return io;
 }
 
@@ -721,15 +585,9 @@ void CudaLmStepper::enqueue_dep(cudaStream_t s) {
   const int V = c.text_card;
   const SampleIo sio = live_sample_io();
   const DepformerIo io = depformer_io();
-  if (tail_begin_ > 0 && (dep_persistent_ || hoist_inputs_)) enqueue_depformer_inputs(lm_, io, 0, tail_begin_, s);
+  if (tail_begin_ > 0) enqueue_depformer_inputs(lm_, io, 0, tail_begin_, s);
   for (int st = 0; st < tail_begin_; ++st) {
-    if (dep_persistent_) {
-      kern::DepStepArgs a = depformer_step_args(lm_, io, st);
-      a.kv_in_ring = dep_kv_in_ring_;
-      kern::depformer_step(a, dep_plan_, s);
-    } else {
-      enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s, hoist_inputs_);
-    }
+    enqueue_depformer_kernels(lm_, io, st, s);
     enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
   }
   if (tail_stream_) {
@@ -747,8 +605,6 @@ void CudaLmStepper::enqueue_dep(cudaStream_t s) {
   PPX_CUDA_CHECK(cudaGetLastError());
 }
 
-// Per-op kernels whatever the main path: the tail shares the GPU with other work, which a
-// persistent kernel (one block per multiprocessor) cannot.
 void CudaLmStepper::enqueue_tail(cudaStream_t s) {
   const LmConfig& c = lm_.config();
   const int V = c.text_card;
@@ -756,9 +612,9 @@ void CudaLmStepper::enqueue_tail(cudaStream_t s) {
   DepformerIo io = depformer_io();
   io.x = tx_.get();
   io.token = tnext_.get();
-  if (hoist_inputs_) enqueue_depformer_inputs(lm_, io, tail_begin_, dep_steps_ - tail_begin_, s);
+  enqueue_depformer_inputs(lm_, io, tail_begin_, dep_steps_ - tail_begin_, s);
   for (int st = tail_begin_; st < dep_steps_; ++st) {
-    enqueue_depformer_kernels(lm_, io, st, !separate_dep_attention_, s, hoist_inputs_);
+    enqueue_depformer_kernels(lm_, io, st, s);
     enqueue_sample(sio, 1 + st, logits_.get() + V + static_cast<size_t>(st) * c.card, c.card, s);
   }
   PPX_CUDA_CHECK(

@@ -10,9 +10,12 @@
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
 //
-// The depformer steps run as per-op kernels (about 33 launches per step), or with
-// PPX_DEP_PERSISTENT=1 as one persistent cooperative kernel per step on sm_90+
-// (kernels/lm_depformer.cuh), an experiment that measured ~10% slower (docs/PERF.md, v0.4).
+// The depformer steps run as per-op kernels, about 32 launches per step with its sampling: the
+// input projections of all steps come first, as one GEMV (they do not depend on the sampled
+// tokens), then each step's QKV projection (adding the previous token's embedding while staging
+// its RMSNorm), attention, output projection, FFN and head. (A persistent cooperative kernel per
+// step, a fused depformer attention and programmatic dependent launch for the LM kernels measured
+// slower and left the code on 2026-12-03: docs/PERF.md.)
 //
 // Deferred depformer steps. Steps n_q/2 .. dep_q-1 predict the user's codebooks. In conversation
 // the user's tokens are always provided, so those steps cannot change any returned token; upstream
@@ -20,7 +23,7 @@
 //   main  = uploads, temporal transformer, text head and sampling   (stream A)
 //   dep   = depformer steps 0 .. n_q/2-1, their sampling, tokens out (stream A, after the
 //           previous frame's tail: they share the depformer's buffers)
-//   tail  = depformer steps n_q/2 .. dep_steps-1 (per-op kernels)     (stream B, after dep)
+//   tail  = depformer steps n_q/2 .. dep_steps-1                     (stream B, after dep)
 // and run() returns once `dep` is done; the tail overlaps Mimi decode and the next frame. It reads
 // private copies of its inputs (x, request, counter, last token) taken at the end of `dep`, and its
 // sampling draws the same counter-based random numbers as a serial run. run() waits for the tail
@@ -36,7 +39,6 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
-#include "lm_depformer.cuh"
 #include "ppx/config.h"
 #include "ppx/lm_gen.h"
 
@@ -55,9 +57,7 @@ struct CudaLmOptions {
   // depformer input projections, depformer QKV / output / FFN projections, depformer heads) is
   // quantized at load to fp8 e4m3 with one fp32 scale per output row (kern::quantize_fp8_rows) and
   // the GEMVs read it so; activations, embeddings, norms and the KV cache stay bf16. The bf16
-  // copies of the linear weights are freed. The persistent depformer kernel reads bf16 weights:
-  // with w8a16, DepformerPath::kPersistent throws and PPX_DEP_PERSISTENT=1 falls back to the
-  // per-op kernels (logged).
+  // copies of the linear weights are freed. From ppx::CudaOptions::w8a16 (--w8a16).
   bool w8a16 = false;
 };
 
@@ -135,39 +135,30 @@ class CudaLm {
   size_t weight_bytes_ = 0;
 };
 
-// The depformer's device buffers for B batch rows (layouts as in kern::DepStepArgs).
+// The depformer's device buffers for B batch rows (row-major; batch row b at b * the row stride).
 struct DepformerIo {
   int B = 1;
   const __nv_bfloat16* x = nullptr;  // [B, dim] temporal output
   const int32_t* token = nullptr;    // [B] the previous stream's token (-1: none)
-  __nv_bfloat16* k_ring = nullptr;   // [depformer layers, slots, dep_q, depformer_dim]
+  // Per-session K/V ring [depformer layers, slots, dep_q, depformer_dim]; batch row b uses slot[b].
+  __nv_bfloat16* k_ring = nullptr;
   __nv_bfloat16* v_ring = nullptr;
-  int64_t ring_layer_stride = 0;
+  int64_t ring_layer_stride = 0;     // elements between layers (>= slots * dep_q * depformer_dim)
   const int32_t* slot = nullptr;     // [B]
-  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;  // scratch
-  __nv_bfloat16* pre = nullptr;      // [B, pre_stride]: every step's input projection (persistent kernel)
+  // Scratch: z [B, DD] (the residual stream), qkv [B, 3 DD], att [B, DD], gu [B, DH].
+  __nv_bfloat16 *z = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr;
+  __nv_bfloat16* pre = nullptr;      // [B, pre_stride]: every step's input projection
   int64_t pre_stride = 0;            // >= dep_q * depformer_dim
   float* logits = nullptr;           // [B, logits_stride]; step s writes columns [s card, (s + 1) card)
   int64_t logits_stride = 0;
-  unsigned* barrier = nullptr;       // persistent kernel only
 };
 
-// The persistent kernel's path: enqueue_depformer_inputs computes io.pre for steps [first, first + steps)
-// (bf16(depformer_in[s] out_norm(x)), one GEMV: it does not depend on the sampled tokens), then
-// each step is one kern::depformer_step with these arguments.
+// enqueue_depformer_inputs computes io.pre for steps [first, first + steps): bf16(depformer_in[s]
+// out_norm(x)), one GEMV (it does not depend on the sampled tokens). enqueue_depformer_kernels
+// then runs one step from io.pre as per-op kernels; its first QKV projection adds the previous
+// token's embedding while staging its RMSNorm.
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s);
-// depformer_step_args throws ppx::Error for a w8a16 model (the persistent kernel reads bf16 weights).
-kern::DepStepArgs depformer_step_args(const CudaLm& lm, const DepformerIo& io, int step);
-// The same step as per-op kernels; fused_attention computes the attention inside the output
-// projection's input staging (B == 1 only). inputs_hoisted: io.pre holds this step's input
-// projection (enqueue_depformer_inputs), so the step starts with the first QKV projection, which
-// adds the token embedding while staging its RMSNorm (one kernel fewer per step, same results).
-void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, bool fused_attention,
-                               cudaStream_t s, bool inputs_hoisted = false);
-
-// kAuto: the per-op kernels, or the persistent kernel with PPX_DEP_PERSISTENT=1 where the device
-// can run it (the fallback is logged).
-enum class DepformerPath { kAuto, kKernels, kPersistent };
+void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int step, cudaStream_t s);
 
 struct SamplingParams {
   float temp_text = 0.7f, temp_audio = 0.8f;  // <= 0: greedy
@@ -179,12 +170,10 @@ struct SamplingParams {
 // One session's state (KV cache, buffers) and the captured step graph.
 class CudaLmStepper : public LmStepper {
  public:
-  // dep_steps < 0: all dep_q depformer steps (upstream). kPersistent throws where unsupported
-  // and for a w8a16 model (kAuto with PPX_DEP_PERSISTENT=1 then logs and uses the per-op kernels).
-  // defer_user_steps: run the user streams' depformer steps after run() returns (see above);
-  // PPX_DEP_DEFER=0 turns it off for every stepper.
-  CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1,
-                DepformerPath path = DepformerPath::kAuto, bool defer_user_steps = true);
+  // dep_steps < 0: all dep_q depformer steps (upstream). defer_user_steps: run the user streams'
+  // depformer steps after run() returns (see above; what ships). false runs every step inside
+  // run(), for tests that compare the two.
+  CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep_steps = -1, bool defer_user_steps = true);
   ~CudaLmStepper() override;
   const LmConfig& config() const override { return lm_.config(); }
   void reset() override;
@@ -193,7 +182,6 @@ class CudaLmStepper : public LmStepper {
   int depformer_steps() const override { return dep_steps_; }
   // Device time of the last run (ms) until its tokens were ready, measured with events.
   float last_step_ms() const { return last_ms_; }
-  bool persistent_depformer() const { return dep_persistent_; }
   // First deferred depformer step (== depformer steps run: none deferred).
   int tail_begin() const { return tail_begin_; }
 
@@ -219,11 +207,6 @@ class CudaLmStepper : public LmStepper {
   const CudaLm& lm_;
   SamplingParams sp_;
   int dep_steps_;
-  bool separate_dep_attention_ = true;  // false with PPX_DEP_ATTN_FUSED=1 (slower; for comparison)
-  bool hoist_inputs_ = true;  // per-op path: all input projections in one GEMV (PPX_DEP_HOIST=0: per step)
-  bool dep_persistent_ = false;
-  bool dep_kv_in_ring_ = true;  // PPX_DEP_KV=0: the persistent kernel reads keys/values from L2
-  kern::DepPlan dep_plan_;
   int tail_begin_ = 0;
   cudaStream_t stream_ = nullptr, tail_stream_ = nullptr;
   // graph_main_ holds the depformer too when nothing is deferred (graph_dep_ and graph_tail_ null).
@@ -242,7 +225,6 @@ class CudaLmStepper : public LmStepper {
   DeviceBuffer<uint8_t> provided_;
   DeviceBuffer<float> temp_;
   DeviceBuffer<uint64_t> seed_, counter_;
-  DeviceBuffer<unsigned> dep_barrier_;
   // The tail's private inputs (copied at the end of `dep`) and outputs.
   DeviceBuffer<__nv_bfloat16> tx_;
   DeviceBuffer<int32_t> treq_, tnext_, tsampled_;

@@ -71,6 +71,7 @@ struct Direction {
 struct CudaMimi::Impl {
   MimiConfig c;
   int slots = 0;
+  bool pdl = true;
   int tokens = 0;  // 25 Hz latents per frame (encoder_stride)
   std::vector<DeviceBuffer<float>> weights;
   size_t weight_floats = 0;
@@ -308,10 +309,11 @@ void CudaMimi::Impl::finalize(Direction& d) {
   }
 }
 
-CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots) : p_(std::make_unique<Impl>()) {
+CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl) : p_(std::make_unique<Impl>()) {
   Impl& m = *p_;
   m.c = c;
   m.slots = slots;
+  m.pdl = pdl;
   m.tokens = c.encoder_stride();
   if (slots < 1) throw Error("CudaMimi: slots must be >= 1");
   const MimiTransformerConfig& tc = c.transformer;
@@ -481,6 +483,7 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
 void CudaMimi::encode(int slot, const float* d_pcm, int32_t* d_codes, cudaStream_t s) {
   Impl& m = *p_;
   check_slot(slot, m.slots);
+  const km::PdlScope pdl(m.pdl);
   const km::Batch bt{m.slot_ids.get() + slot, 1};
   m.run_convs(m.enc, bt, d_pcm, nullptr, s);
   m.run_transformer(m.enc, bt, s);
@@ -510,6 +513,7 @@ void CudaMimi::encode(int slot, const float* d_pcm, int32_t* d_codes, cudaStream
 void CudaMimi::decode(int slot, const int32_t* d_codes, float* d_pcm, cudaStream_t s) {
   Impl& m = *p_;
   check_slot(slot, m.slots);
+  const km::PdlScope pdl(m.pdl);
   const km::Batch bt{m.slot_ids.get() + slot, 1};
   const QuantizerConfig& q = m.c.quantizer;
   km::RvqDecodeParams rp;

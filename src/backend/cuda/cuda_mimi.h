@@ -28,8 +28,10 @@ class CudaMimi {
  public:
   // Loads the same tensors as ppx::Mimi (same keys and shapes; codebooks precomputed as
   // embedding_sum / max(cluster_usage, 1e-5)) and uploads them as fp32. Allocates the state and
-  // activations of `slots` streams, all reset. Uses the current CUDA device.
-  CudaMimi(const MimiConfig& c, WeightSource& w, int slots);
+  // activations of `slots` streams, all reset. Uses the current CUDA device. `pdl`: the kernels
+  // use programmatic dependent launch where the device supports it (compute capability 9.0+; what
+  // ships: ppx::CudaOptions::mimi_pdl); false launches them plainly. Results do not depend on it.
+  CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl = true);
   ~CudaMimi();
   CudaMimi(const CudaMimi&) = delete;
   CudaMimi& operator=(const CudaMimi&) = delete;
