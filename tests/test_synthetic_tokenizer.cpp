@@ -94,7 +94,8 @@ TEST(SyntheticTokenizer, SameBytesEveryTime) {
   EXPECT_EQ(a, ppx::synthetic_tokenizer_model(32000));
   EXPECT_NE(a, ppx::synthetic_tokenizer_model(31999));
   // The first pieces of a larger model are the whole of a smaller one.
-  const ppx::TextTokenizer small = ppx::synthetic_tokenizer(1000), big = ppx::synthetic_tokenizer(32000);
+  const ppx::TextTokenizer small = ppx::synthetic_tokenizer(1000),
+                           big = ppx::synthetic_tokenizer(32000);
   for (int id = 0; id < 1000; ++id) ASSERT_EQ(small.id_to_piece(id), big.id_to_piece(id));
 }
 
@@ -112,7 +113,8 @@ std::string config_with_text_card(int text_card) {
   std::ifstream f(ppx::test::config_dir("tiny-demo.json"));
   nlohmann::json j = nlohmann::json::parse(f);
   j["lm"]["text_card"] = text_card;
-  const std::string path = ppx::test::scratch("tiny_text_card_" + std::to_string(text_card) + ".json");
+  const std::string path =
+      ppx::test::scratch("tiny_text_card_" + std::to_string(text_card) + ".json");
   std::ofstream(path) << j.dump(1);
   return path;
 }
