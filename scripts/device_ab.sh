@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A/B of environment switches on the GPU machine (after scripts/device_pack.sh): the CUDA LM tests
-# with each switch, then the stock frame bench with each. Usage: device_ab.sh "VAR=1" ["VAR2=1 VAR3=0" ...]
-# (an empty string is the default configuration). FRAMES (default 500) sets the bench length;
-# TESTS=all|first|none: the CUDA LM tests with every switch (default), the first only, or none.
-# KERNELS=SECTION[,SECTION] first runs personaplex-bench-kernels --only SECTION for each. Results and summary.txt in $OUT.
+# A/B of bench flag sets on the GPU machine (after scripts/device_pack.sh): the CUDA LM tests once,
+# then the stock frame bench with each set of extra flags. Usage: device_ab.sh "" "--no-mimi-pdl"
+# ["--w8a16 --dep-q-exit 8" ...] (an empty string is the default configuration; the CUDA backend
+# reads no environment switches). FRAMES (default 500) sets the bench length; TESTS=none skips the
+# CUDA LM tests. KERNELS=SECTION[,SECTION] first runs personaplex-bench-kernels --only SECTION for
+# each. Results and summary.txt in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh
@@ -15,16 +16,15 @@ for k in ${kernels//,/ }; do
   timeout 120 $B/personaplex-bench-kernels --only "$k" --out "$OUT/kernels_$k.json" > "$OUT/kernels_$k.log" 2>&1
   log "kernels [$k] rc=$?"; cat "$OUT/kernels_$k.log" >> "$OUT/summary.txt"
 done
-first=1
+if [ "${TESTS:-all}" != none ]; then
+  timeout 300 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/tests.log" 2>&1
+  log "tests rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E "rel L2|teacher-forced" "$OUT/tests.log" >> "$OUT/summary.txt"
+fi
 for v in "$@"; do
-  tag=${v:-default}; tag=${tag//=/_}; tag=${tag// /+}
-  if [ "${TESTS:-all}" = all ] || { [ "${TESTS:-all}" = first ] && [ $first = 1 ]; }; then
-    env $v timeout 300 $B/ppx_cuda_tests --gtest_filter='CudaLm*' > "$OUT/tests_$tag.log" 2>&1
-    log "tests [$tag] rc=$? $(grep -E 'PASSED|FAILED' "$OUT/tests_$tag.log" | tr '\n' ' ')"
-    grep -E "rel L2|teacher-forced" "$OUT/tests_$tag.log" >> "$OUT/summary.txt"
-  fi
-  first=0
-  env $v timeout 200 $B/personaplex-bench --device cuda --random-weights --frames "$frames" --out "$OUT/frame_$tag.json" > "$OUT/frame_$tag.log" 2>&1
+  tag=${v:-default}; tag=${tag//--/}; tag=${tag// /+}
+  # $v unquoted: a set of flags splits into words.
+  timeout 200 $B/personaplex-bench --device cuda --random-weights --frames "$frames" $v --out "$OUT/frame_$tag.json" > "$OUT/frame_$tag.log" 2>&1
   log "bench [$tag] rc=$?"
   python3 - "$OUT/frame_$tag.json" "[$tag]" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys

@@ -22,8 +22,6 @@ for v in stock skip-other-mimi; do
 done
 # A long run: the temporal ring fills to its 3000-token context.
 $B/personaplex-bench --device cuda --random-weights --frames 3000 --out "$OUT/frame_cuda_stock_3000.json" > "$OUT/bench_3000.log" 2>&1
-# The persistent depformer kernel (opt-in experiment) against the default per-op kernels.
-PPX_DEP_PERSISTENT=1 $B/personaplex-bench --device cuda --random-weights --frames 200 --out "$OUT/frame_cuda_stock_deppersistent.json" > "$OUT/bench_deppersistent.log" 2>&1
 $B/personaplex-bench --device cuda --random-weights --frames 200 --skip-other-mimi --dep-q-exit 8 --out "$OUT/frame_cuda_dep8.json" > "$OUT/bench_dep8.log" 2>&1
 $B/personaplex-bench-mimi --device cuda --frames 200 --out "$OUT/mimi_cuda.json" > "$OUT/bench_mimi.log" 2>&1
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1

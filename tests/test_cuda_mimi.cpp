@@ -163,6 +163,37 @@ TEST(CudaMimiGolden, StreamingEncodeAndDecodeMatchUpstream) {
   RecordProperty("pcm_rel_l2", std::to_string(err));
 }
 
+// CudaMimi with pdl = false (--no-mimi-pdl, CudaOptions::mimi_pdl) launches the same kernels
+// without programmatic dependent launch: codes and PCM are bitwise those of the default (PDL
+// where the device supports it), over 24 frames of the golden input.
+TEST(CudaMimiGolden, PdlOffEqualsDefault) {
+  PPX_REQUIRE_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights w(std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors")));
+  const SafeTensors io(test::data("mimi_tiny_a_io.safetensors"));
+  const auto pcm = io.to_f32("pcm_in");
+  auto run = [&](bool pdl, std::vector<int32_t>& codes, std::vector<float>& out) {
+    cuda::CudaMimi m(cfg.mimi, w, 1, pdl);
+    Runner r(m);
+    const int fs = m.frame_samples();
+    for (int f = 0; f < 24; ++f) {
+      const auto c = r.encode(0, pcm.data() + f * fs);
+      codes.insert(codes.end(), c.begin(), c.end());
+      const auto y = r.decode(0, c.data());
+      out.insert(out.end(), y.begin(), y.end());
+    }
+  };
+  std::vector<int32_t> codes_on, codes_off;
+  std::vector<float> out_on, out_off;
+  run(true, codes_on, out_on);
+  run(false, codes_off, out_off);
+  EXPECT_EQ(codes_off, codes_on);
+  ASSERT_EQ(out_off.size(), out_on.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < out_on.size(); ++i) differ += out_off[i] != out_on[i];
+  EXPECT_EQ(differ, 0u) << "PCM samples that differ without PDL";
+}
+
 TEST(CudaMimiFullSize, MatchesCpuReference) {
   PPX_REQUIRE_GPU();
   FullSize& F = full();
