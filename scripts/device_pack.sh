@@ -12,7 +12,7 @@ cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPX_CUDA=ON -DPPX_CU
 cmake --build "$bdir" -j "$(nproc)"
 rm -rf devrun && mkdir -p devrun/bin devrun/lib
 # PPX_DEV_BINS: a subset (the working tree and the pack travel within 64 MiB; ~6 MiB a binary).
-bins=${PPX_DEV_BINS:-"src/personaplex-verify src/personaplex-offline src/personaplex-server bench/personaplex-bench
+bins=${PPX_DEV_BINS:-"src/personaplex-verify src/personaplex-offline src/personaplex-server src/personaplex-load bench/personaplex-bench
       bench/personaplex-bench-mimi bench/personaplex-bench-kernels tests/ppx_cuda_tests tests/ppx_server_tests"}
 for b in $bins; do
   [ -f "$bdir/$b" ] && cp "$bdir/$b" devrun/bin/ && strip devrun/bin/"$(basename "$b")"
