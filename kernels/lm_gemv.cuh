@@ -7,19 +7,13 @@
 //     kPlain     x
 //     kRmsNorm   x * (alpha * rsqrt(mean(x^2) + eps)), fp32 math
 //     kSiluGate  silu(g) * u with x = [g | u] (each [K]), fp32 math, rounded once
-//     kDepAttn   the depformer's attention output for this step: x = this step's [q | k | v]
-//                ([3K]), earlier steps' keys and values from the per-frame ring (kc, vc); softmax
-//                in fp32 with upstream's visibility rule; block 0 also appends k, v at slot
-//                `step`. Only with kResidual (the attention output projection).
 //     kEmbRmsNorm  the depformer's first RMSNorm on z = bf16(x + table[tok]) (x: the hoisted input
 //                projection of the step, tok -1 adds nothing), block 0 also stores z to x_out
-//                (the residual stream); bitwise what kAddEmb followed by kRmsNorm give. kStore only.
+//                (the residual stream). kStore only.
 //   epilogue on acc = sum_k W[n, k] * x[k] (fp32), rounded to bf16 first as a bf16 GEMM is:
 //     kStore     y[n] = bf16(acc)
 //     kResidual  y[n] = bf16(y[n] + bf16(acc))            (the residual add of the stream)
 //     kLogits    yf[n] = float(bf16(acc))                 (fp32 logits of a bf16 head)
-//     kAddEmb    y[n] = bf16(bf16(acc) + table[tok][n])  (depformer input + token embedding;
-//                                                         tok -1 adds nothing)
 //     kGateUp    y[n] = bf16(silu(bf16(acc_n)) * bf16(acc_{n+N/2})) for n < N/2: the gated FFN's
 //                activation fused into its input projection (rows [0, N/2) gate, [N/2, N) up)
 #pragma once
@@ -32,8 +26,8 @@
 
 namespace ppx::kern {
 
-enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kDepAttn, kEmbRmsNorm };
-enum class GemvOut { kStore, kResidual, kLogits, kAddEmb, kGateUp };
+enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kEmbRmsNorm };
+enum class GemvOut { kStore, kResidual, kLogits, kGateUp };
 
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major (bf16 weights; unused when w8 is set)
@@ -44,16 +38,13 @@ struct GemvArgs {
   int N = 0, K = 0, B = 1;           // K % 8 == 0, 1 <= B <= 4
   const __nv_bfloat16* alpha = nullptr;  // kRmsNorm: [K]
   float eps = 1e-8f;
-  __nv_bfloat16* y = nullptr;        // kStore / kResidual / kAddEmb / kGateUp: [B, y_stride]
+  __nv_bfloat16* y = nullptr;        // kStore / kResidual / kGateUp: [B, y_stride]
   float* yf = nullptr;               // kLogits: [B, y_stride]
   int64_t y_stride = 0;
-  const __nv_bfloat16* table = nullptr;  // kAddEmb: [rows, N]; kEmbRmsNorm: [rows, K]
-  const int32_t* token = nullptr;        // kAddEmb, kEmbRmsNorm: [B] device token ids
+  const __nv_bfloat16* table = nullptr;  // kEmbRmsNorm: [rows, K]
+  const int32_t* token = nullptr;        // kEmbRmsNorm: [B] device token ids
   __nv_bfloat16* x_out = nullptr;        // kEmbRmsNorm: [B, K] z before the norm
   int table_rows = 0;
-  __nv_bfloat16* kc = nullptr;  // kDepAttn: key ring [ring, K] of batch row 0 (B == 1)
-  __nv_bfloat16* vc = nullptr;  // kDepAttn: value ring [ring, K]
-  int step = 0, heads = 1, ring = 1;  // kDepAttn: depformer step, heads (K / heads = 64 or 128), ring size
 };
 
 // Must be called once before the first launch (and before graph capture).

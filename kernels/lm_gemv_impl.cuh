@@ -26,7 +26,7 @@ namespace ppx::kern::gemv_impl {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSmemBytes = 100 * 1024;
-constexpr unsigned kEarlyTriggerBlocks = 384;
+constexpr int kPre = 4;  // 16-byte weight chunks per row and lane requested before the prologue
 
 namespace {  // a private copy of the kernels in each including file
 
@@ -81,7 +81,7 @@ __device__ __forceinline__ void weights_to_float(const uint4& v, bool h, float* 
   }
 }
 
-// The embedding row of batch row b's token in a [table_rows, width] table (kAddEmb, kEmbRmsNorm):
+// The embedding row of batch row b's token in a [table_rows, width] table (kEmbRmsNorm):
 // nullptr for token -1 (nothing added), other out-of-range tokens clamp.
 __device__ __forceinline__ const __nv_bfloat16* embedding_row(const GemvArgs& a, int b, int width) {
   int tok = a.token[b];
@@ -133,45 +133,11 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
         const float al = __bfloat162float(a.alpha[k]) * r;
         dst[k] = __float2bfloat16(__bfloat162float(z) * al);
       }
-    } else if constexpr (IN == GemvIn::kSiluGate) {
+    } else {  // kSiluGate
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const float g = __bfloat162float(x[k]);
         const float u = __bfloat162float(x[K + k]);
         dst[k] = __float2bfloat16(g / (1.f + expf(-g)) * u);
-      }
-    } else {  // kDepAttn: one warp per head (looping), lanes over head dims
-      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-      const int hd = K / a.heads, dpl = hd / 32, E = a.step + 1;
-      const float scale = rsqrtf(static_cast<float>(hd));
-      for (int h = warp; h < a.heads; h += kWarps) {
-        const int off = h * hd + lane * dpl;
-        float qf[4], acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int j = 0; j < dpl; ++j) qf[j] = __bfloat162float(x[off + j]);
-        float m = -INFINITY, l = 0.f;
-        for (int idx = 0; idx < a.ring; ++idx) {
-          // Upstream's ring visibility with E = step + 1 tokens and no context limit.
-          if (idx >= E) continue;
-          const int delta = idx - E % a.ring;
-          const int label = delta <= 0 ? E + delta : E + delta - a.ring;
-          if (label < 0 || a.step - label < 0) continue;
-          const __nv_bfloat16* kp = idx == a.step ? x + K + off : a.kc + static_cast<int64_t>(idx) * K + off;
-          const __nv_bfloat16* vp = idx == a.step ? x + 2 * K + off : a.vc + static_cast<int64_t>(idx) * K + off;
-          float sd = 0.f;
-          for (int j = 0; j < dpl; ++j) sd += qf[j] * __bfloat162float(kp[j]);
-          sd = warp_sum(sd) * scale;
-          const float mn = fmaxf(m, sd), corr = expf(m - mn), p = expf(sd - mn);
-          l = l * corr + p;
-          for (int j = 0; j < dpl; ++j) acc[j] = acc[j] * corr + p * __bfloat162float(vp[j]);
-          m = mn;
-        }
-        for (int j = 0; j < dpl; ++j) dst[off + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);
-      }
-      if (blockIdx.x == 0) {  // append this step's key and value for the later steps
-        const int64_t slot = static_cast<int64_t>(a.step % a.ring) * K;
-        for (int k = threadIdx.x; k < K; k += kThreads) {
-          a.kc[slot + k] = x[K + k];
-          a.vc[slot + k] = x[2 * K + k];
-        }
       }
     }
   }
@@ -186,12 +152,8 @@ __device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float 
   } else if constexpr (OUT == GemvOut::kResidual) {
     __nv_bfloat16* p = a.y + b * a.y_stride + n;
     *p = __float2bfloat16(__bfloat162float(*p) + r);
-  } else if constexpr (OUT == GemvOut::kLogits) {
+  } else {  // kLogits
     a.yf[b * a.y_stride + n] = r;
-  } else {  // kAddEmb
-    const __nv_bfloat16* row = embedding_row(a, b, a.N);
-    const float e = row ? __bfloat162float(row[n]) : 0.f;
-    a.y[b * a.y_stride + n] = __float2bfloat16(r + e);
   }
 }
 
@@ -204,9 +166,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int E = Weights<WT>::kPerChunk;   // weights per 16-byte chunk
   constexpr int H = E / 8;                    // 8-value halves per chunk
   constexpr bool kScaled = H == 2;            // fp8: per-row scales
-  // Small grids let the next kernel launch early (its blocks fit beside ours); large ones do not,
-  // since waiting blocks would take the slots this memory-bound kernel needs.
-  if (gridDim.x <= kEarlyTriggerBlocks) pdl_trigger();
   constexpr bool kPairs = OUT == GemvOut::kGateUp;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = a.K;
@@ -219,19 +178,20 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     const int n = kPairs ? min(row0, rows - 1) + r * rows : min(row0 + r, a.N - 1);
     wrow[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K);
   }
-  // The weights do not depend on earlier kernels: a small grid (which may start early, beside its
-  // predecessor) pulls them into L2 before waiting. Large grids skip it: there the extra requests
-  // cost about 30% (measured on an H200, bench/results/h200_2026-12-02_v2).
-  if (gridDim.x <= kEarlyTriggerBlocks && row0 < rows) {
+  // The weights do not depend on the staged activations: each lane requests its first kPre chunks
+  // of every row before the prologue, so that their DRAM latency overlaps the staging instead of
+  // following it (the whole row for K <= 2048 fp8 / 1024 bf16: the depformer's shapes).
+  const int chunks = K / E;
+  const bool live = row0 < rows;
+  uint4 pre[kPre][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const char* base = reinterpret_cast<const char*>(wrow[r]);
-      for (int off = lane * 128; off < K * static_cast<int>(sizeof(WT)); off += 32 * 128) prefetch_l2(base + off);
-    }
+  for (int i = 0; i < kPre; ++i) {
+    const int c = lane + 32 * i;
+#pragma unroll
+    for (int r = 0; r < R; ++r) pre[i][r] = live && c < chunks ? __ldg(wrow[r] + c) : make_uint4(0u, 0u, 0u, 0u);
   }
-  pdl_wait();
   stage_x<IN, B>(a, xs, red);
-  if (row0 >= rows) return;
+  if (!live) return;
   float acc[R][B];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -242,12 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   // quarter warp take them in the other order so that the 8 lanes of a shared-memory wavefront
   // hit distinct banks (lane addresses are 32 bytes apart).
   const bool swap = H == 2 && (lane & 4) != 0;
-  const int chunks = K / E;
-#pragma unroll 4
-  for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
+  auto consume = [&](int c, const uint4 (&wv)[R]) {
 #pragma unroll
     for (int h = 0; h < H; ++h) {
       const bool hh = (h != 0) != swap;
@@ -265,6 +220,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
           for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
       }
     }
+  };
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int c = lane + 32 * i;
+    if (c < chunks) consume(c, pre[i]);
+  }
+#pragma unroll 4
+  for (int c = lane + 32 * kPre; c < chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
+    consume(c, wv);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -304,7 +271,7 @@ void launch(const GemvArgs& a, cudaStream_t s) {
   const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
   const int blocks = (rows + rows_per_block - 1) / rows_per_block;
   const size_t smem = static_cast<size_t>(a.K) * B * sizeof(__nv_bfloat16);
-  pdl_launch(gemv_kernel<WT, IN, OUT, B, R>, dim3(blocks), dim3(kThreads), smem, s, a);
+  gemv_kernel<WT, IN, OUT, B, R><<<blocks, kThreads, smem, s>>>(a);
 }
 
 // Rows per warp: two once there are enough rows to fill the GPU several times over (bf16 from
@@ -339,10 +306,7 @@ void by_batch(const GemvArgs& a, cudaStream_t s) {
 
 template <typename WT, GemvIn IN>
 void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
-  if constexpr (IN == GemvIn::kDepAttn) {
-    if (out != GemvOut::kResidual || a.B != 1) throw std::runtime_error("gemv: kDepAttn needs kResidual, B = 1");
-    launch<WT, IN, GemvOut::kResidual, 1, 1>(a, s);
-  } else if constexpr (IN == GemvIn::kEmbRmsNorm) {
+  if constexpr (IN == GemvIn::kEmbRmsNorm) {
     if (out != GemvOut::kStore) throw std::runtime_error("gemv: kEmbRmsNorm needs kStore");
     by_batch<WT, IN, GemvOut::kStore>(a, s);
   } else {
@@ -350,7 +314,6 @@ void by_out(GemvOut out, const GemvArgs& a, cudaStream_t s) {
       case GemvOut::kStore: by_batch<WT, IN, GemvOut::kStore>(a, s); break;
       case GemvOut::kResidual: by_batch<WT, IN, GemvOut::kResidual>(a, s); break;
       case GemvOut::kLogits: by_batch<WT, IN, GemvOut::kLogits>(a, s); break;
-      case GemvOut::kAddEmb: by_batch<WT, IN, GemvOut::kAddEmb>(a, s); break;
       case GemvOut::kGateUp: by_batch<WT, IN, GemvOut::kGateUp>(a, s); break;
     }
   }
@@ -363,7 +326,6 @@ void dispatch(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     case GemvIn::kPlain: by_out<WT, GemvIn::kPlain>(out, a, s); break;
     case GemvIn::kRmsNorm: by_out<WT, GemvIn::kRmsNorm>(out, a, s); break;
     case GemvIn::kSiluGate: by_out<WT, GemvIn::kSiluGate>(out, a, s); break;
-    case GemvIn::kDepAttn: by_out<WT, GemvIn::kDepAttn>(out, a, s); break;
     case GemvIn::kEmbRmsNorm: by_out<WT, GemvIn::kEmbRmsNorm>(out, a, s); break;
   }
 }
@@ -387,7 +349,6 @@ void set_attrs_i() {
   set_attrs_o<WT, IN, GemvOut::kStore>();
   set_attrs_o<WT, IN, GemvOut::kResidual>();
   set_attrs_o<WT, IN, GemvOut::kLogits>();
-  set_attrs_o<WT, IN, GemvOut::kAddEmb>();
   set_attrs_o<WT, IN, GemvOut::kGateUp>();
 }
 
@@ -398,8 +359,6 @@ void init() {
   set_attrs_i<WT, GemvIn::kRmsNorm>();
   set_attrs_i<WT, GemvIn::kSiluGate>();
   set_attrs_o<WT, GemvIn::kEmbRmsNorm, GemvOut::kStore>();
-  cudaFuncSetAttribute(gemv_kernel<WT, GemvIn::kDepAttn, GemvOut::kResidual, 1, 1>,
-                       cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmemBytes);
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 # Runs on the GPU machine after scripts/device_pack.sh (ppx_cuda_tests, personaplex-bench): the
 # CUDA tests (w8a16 golden included), then the speed-flag ladder of personaplex-bench with random
 # full-size weights: stock, --w8a16, + --dep-q-exit 8, + --skip-other-mimi (= --fast), FRAMES
-# frames each (default 500), and --fast over 3000 frames (the context full). Output in $OUT.
+# frames each (default 500), and --fast over 3000 frames (the context full); the GEMV table
+# (personaplex-bench-kernels --only gemv8) and the w8a16-vs-bf16 drift study
+# (personaplex-bench-quality, QFRAMES frames, default 500) when those binaries were packed.
+# Output in $OUT: summary.txt and results.tar.gz (the device tool brings back at most 8 files).
 set -u
 cd "$(dirname "$0")/.."
 . scripts/device_common.sh
@@ -20,6 +23,19 @@ run w8a16 --frames "$frames" --w8a16
 run w8a16_dep8 --frames "$frames" --w8a16 --dep-q-exit 8
 run fast --frames "$frames" --fast
 run fast_3000 --frames 3000 --fast
+if [ -x $B/personaplex-bench-kernels ]; then
+  $B/personaplex-bench-kernels --only gemv8 --out "$OUT/kernels_gemv8.json" > "$OUT/kernels_gemv8.log" 2>&1
+  echo "kernels gemv8 rc=$?" >> "$OUT/summary.txt"
+  grep -E "^\{|temporal|text head|depformer" "$OUT/kernels_gemv8.log" | grep -v '^{' | head -40 >> "$OUT/summary.txt"
+  $B/personaplex-bench-kernels --only depformer --out "$OUT/kernels_depformer.json" > "$OUT/kernels_depformer.log" 2>&1
+  echo "kernels depformer rc=$?" >> "$OUT/summary.txt"
+  grep -E "^depformer" "$OUT/kernels_depformer.log" >> "$OUT/summary.txt"
+fi
+if [ -x $B/personaplex-bench-quality ]; then
+  $B/personaplex-bench-quality --frames "${QFRAMES:-500}" --out "$OUT/quality_w8a16.json" > "$OUT/quality_w8a16.log" 2>&1
+  echo "quality rc=$?" >> "$OUT/summary.txt"
+  grep "^frame" "$OUT/quality_w8a16.log" >> "$OUT/summary.txt"
+fi
 python3 - "$OUT" <<'PY' >> "$OUT/summary.txt" 2>&1
 import json, sys, os
 d = sys.argv[1]
@@ -33,3 +49,4 @@ for f in sorted(os.listdir(d)):
             j.get("flags")))
 PY
 cat "$OUT/summary.txt"
+(cd "$OUT" && tar -czf results.tar.gz --exclude=results.tar.gz --exclude=summary.txt * && find . -maxdepth 1 -type f ! -name results.tar.gz ! -name summary.txt -delete)
