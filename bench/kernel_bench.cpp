@@ -267,6 +267,12 @@ int bench(int argc, char** argv) {
   app.add_option("--out", out, "write the JSON result here too");
   app.add_option("--only", only, "run one section: copy, gemv, gemv8, attention or depformer (for profilers)")
       ->check(CLI::IsMember({"copy", "gemv", "gemv8", "attention", "depformer"}));
+  int grid_policy = 0;
+  app.add_option("--gemv-grid", grid_policy,
+                 "GEMV grid: 0 the shipped one (one wave of resident blocks, warps loop over rows), 1 one warp "
+                 "per row unit (the grid before v12), for comparison")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -274,11 +280,13 @@ int bench(int argc, char** argv) {
   }
   if (ppx::cuda::device_count() == 0) throw ppx::Error("no CUDA device");
   ppx::kern::gemv_init();
+  ppx::kern::gemv_set_grid_policy(grid_policy);
   cudaStream_t s;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   nlohmann::ordered_json j;
   j["bench"] = "kernels";
   j["gpu"] = ppx::cuda::device_description();
+  j["gemv_grid"] = grid_policy;
 
   auto want = [&](const char* section) { return only.empty() || only == section; };
   // Copy bandwidth: 2 GiB device to device.

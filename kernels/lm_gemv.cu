@@ -8,6 +8,22 @@
 
 namespace ppx::kern {
 
+namespace {
+int g_grid_policy = 0;
+}
+
+void gemv_set_grid_policy(int policy) { g_grid_policy = policy; }
+
+namespace gemv_impl {
+int grid_blocks(int units, int resident_blocks) {
+  const int needed = (units + kWarps - 1) / kWarps;
+  if (g_grid_policy == 1 || resident_blocks <= 0 || needed <= resident_blocks) return needed;
+  const int per_warp = (units + resident_blocks * kWarps - 1) / (resident_blocks * kWarps);
+  const int warps = (units + per_warp - 1) / per_warp;
+  return (warps + kWarps - 1) / kWarps;
+}
+}  // namespace gemv_impl
+
 void gemv_init() {
   gemv_impl::init<__nv_bfloat16>();
   gemv_impl::init_fp8();

@@ -50,5 +50,9 @@ struct GemvArgs {
 // Must be called once before the first launch (and before graph capture).
 void gemv_init();
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+// Measurement hook (personaplex-bench-kernels): 0 (default) sizes the grid to the blocks resident
+// at once, each warp looping over row units; 1 launches one warp per row unit (the grid before
+// 2026-12-03 v12), whatever the wave count. Not thread-safe; not for serving code.
+void gemv_set_grid_policy(int policy);
 
 }  // namespace ppx::kern

@@ -28,6 +28,11 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSmemBytes = 100 * 1024;
 constexpr int kPre = 4;  // 16-byte weight chunks per row and lane requested before the prologue
 
+// One warp per row unit when that many blocks are resident at once (one wave, as before);
+// otherwise the blocks that are resident at once (occupancy x SMs), each warp taking the same
+// number of units (gemv_set_grid_policy(1), a measurement hook: always one warp per unit). In lm_gemv.cu.
+int grid_blocks(int units, int resident_blocks);
+
 namespace {  // a private copy of the kernels in each including file
 
 // The weight formats: values per 16-byte chunk and the [N, K] base pointer in GemvArgs.
@@ -157,7 +162,10 @@ __device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float 
   }
 }
 
-// kGateUp: each warp owns logical row n < N/2 and reads weight rows n and n + N/2 (R == 2).
+// Row units: R consecutive rows (kGateUp: logical row n < N/2, i.e. weight rows n and n + N/2,
+// R == 2). Warp w of the grid computes units w, w + W, w + 2W, ... (W warps in the grid): the
+// launch sizes the grid to what is resident at once, so there is one wave and each block stages
+// its activations once for all its units.
 template <typename WT, GemvIn IN, GemvOut OUT, int B, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -170,95 +178,106 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = a.K;
   const int rows = kPairs ? a.N / 2 : a.N;
-  const int row0 = kPairs ? blockIdx.x * kWarps + warp : (blockIdx.x * kWarps + warp) * R;
+  const int units = kPairs ? rows : (rows + R - 1) / R;
+  const int stride = gridDim.x * kWarps;
   const WT* w = static_cast<const WT*>(Weights<WT>::base(a));
-  const uint4* wrow[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int n = kPairs ? min(row0, rows - 1) + r * rows : min(row0 + r, a.N - 1);
-    wrow[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K);
-  }
-  // The weights do not depend on the staged activations: each lane requests its first kPre chunks
-  // of every row before the prologue, so that their DRAM latency overlaps the staging instead of
-  // following it (the whole row for K <= 2048 fp8 / 1024 bf16: the depformer's shapes).
   const int chunks = K / E;
-  const bool live = row0 < rows;
+  // The first weight row of each of a unit's R rows (clamped to the matrix).
+  auto row_of = [&](int unit, int r) {
+    return kPairs ? min(unit, rows - 1) + r * rows : min(unit * R + r, a.N - 1);
+  };
+  // The weights do not depend on the staged activations: each lane requests its first kPre chunks
+  // of every row of its unit before the prologue (and of its next unit before the current one's
+  // reduction), so that their DRAM latency overlaps other work instead of following it (the
+  // whole row for K <= 2048 fp8 / 1024 bf16: the depformer's shapes).
   uint4 pre[kPre][R];
+  auto prefetch = [&](int unit) {
 #pragma unroll
-  for (int i = 0; i < kPre; ++i) {
-    const int c = lane + 32 * i;
+    for (int i = 0; i < kPre; ++i) {
+      const int c = lane + 32 * i;
 #pragma unroll
-    for (int r = 0; r < R; ++r) pre[i][r] = live && c < chunks ? __ldg(wrow[r] + c) : make_uint4(0u, 0u, 0u, 0u);
-  }
+      for (int r = 0; r < R; ++r)
+        pre[i][r] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(unit, r)) * K) + c)
+                               : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  int unit = blockIdx.x * kWarps + warp;
+  if (unit < units) prefetch(unit);
   stage_x<IN, B>(a, xs, red);
-  if (!live) return;
-  float acc[R][B];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
 
   // fp8: a lane's 32 bytes of x per chunk are read as two 16-byte halves; lanes 4-7 of each
   // quarter warp take them in the other order so that the 8 lanes of a shared-memory wavefront
   // hit distinct banks (lane addresses are 32 bytes apart).
   const bool swap = H == 2 && (lane & 4) != 0;
-  auto consume = [&](int c, const uint4 (&wv)[R]) {
+  for (; unit < units; unit += stride) {
+    const uint4* wrow[R];
 #pragma unroll
-    for (int h = 0; h < H; ++h) {
-      const bool hh = (h != 0) != swap;
-      float xf[B][8];
+    for (int r = 0; r < R; ++r) wrow[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(unit, r)) * K);
+    float acc[R][B];
 #pragma unroll
-      for (int b = 0; b < B; ++b)
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + b * K + c * E + (hh ? 8 : 0)), xf[b]);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float wf[8];
-        weights_to_float<WT>(wv[r], hh, wf);
+      for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
+    auto consume = [&](int c, const uint4(&wv)[R]) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const bool hh = (h != 0) != swap;
+        float xf[B][8];
 #pragma unroll
         for (int b = 0; b < B; ++b)
+          bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + b * K + c * E + (hh ? 8 : 0)), xf[b]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+        for (int r = 0; r < R; ++r) {
+          float wf[8];
+          weights_to_float<WT>(wv[r], hh, wf);
+#pragma unroll
+          for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+        }
       }
-    }
-  };
+    };
 #pragma unroll
-  for (int i = 0; i < kPre; ++i) {
-    const int c = lane + 32 * i;
-    if (c < chunks) consume(c, pre[i]);
-  }
+    for (int i = 0; i < kPre; ++i) {
+      const int c = lane + 32 * i;
+      if (c < chunks) consume(c, pre[i]);
+    }
 #pragma unroll 4
-  for (int c = lane + 32 * kPre; c < chunks; c += 32) {
-    uint4 wv[R];
+    for (int c = lane + 32 * kPre; c < chunks; c += 32) {
+      uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
-    consume(c, wv);
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
-  if (lane == 0) {
-    if constexpr (kScaled) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float sc = __ldg(a.w_scale + (kPairs ? row0 + r * rows : min(row0 + r, a.N - 1)));
-#pragma unroll
-        for (int b = 0; b < B; ++b) acc[r][b] *= sc;
-      }
+      for (int r = 0; r < R; ++r) wv[r] = __ldg(wrow[r] + c);
+      consume(c, wv);
     }
-    if constexpr (kPairs) {
+    if (unit + stride < units) prefetch(unit + stride);
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const float g = __bfloat162float(__float2bfloat16(acc[0][b]));
-        const float u = __bfloat162float(__float2bfloat16(acc[1][b]));
-        a.y[b * a.y_stride + row0] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
+    if (lane == 0) {
+      const int row0 = kPairs ? unit : unit * R;
+      if constexpr (kScaled) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float sc = __ldg(a.w_scale + row_of(unit, r));
+#pragma unroll
+          for (int b = 0; b < B; ++b) acc[r][b] *= sc;
+        }
       }
-    } else {
+      if constexpr (kPairs) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (row0 + r < a.N) {
+        for (int b = 0; b < B; ++b) {
+          const float g = __bfloat162float(__float2bfloat16(acc[0][b]));
+          const float u = __bfloat162float(__float2bfloat16(acc[1][b]));
+          a.y[b * a.y_stride + row0] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+        }
+      } else {
 #pragma unroll
-          for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+        for (int r = 0; r < R; ++r) {
+          if (row0 + r < a.N) {
+#pragma unroll
+            for (int b = 0; b < B; ++b) epilogue<OUT>(a, b, row0 + r, acc[r][b]);
+          }
         }
       }
     }
@@ -267,10 +286,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 
 template <typename WT, GemvIn IN, GemvOut OUT, int B, int R>
 void launch(const GemvArgs& a, cudaStream_t s) {
-  const int rows_per_block = OUT == GemvOut::kGateUp ? kWarps : kWarps * R;
   const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
-  const int blocks = (rows + rows_per_block - 1) / rows_per_block;
+  const int units = OUT == GemvOut::kGateUp ? rows : (rows + R - 1) / R;
   const size_t smem = static_cast<size_t>(a.K) * B * sizeof(__nv_bfloat16);
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<WT, IN, OUT, B, R>, kThreads, smem);
+  const int blocks = grid_blocks(units, per_sm * sms);
   gemv_kernel<WT, IN, OUT, B, R><<<blocks, kThreads, smem, s>>>(a);
 }
 

@@ -4,7 +4,9 @@
 # full-size weights: stock, --w8a16, + --dep-q-exit 8, + --skip-other-mimi (= --fast), FRAMES
 # frames each (default 500), and --fast over 3000 frames (the context full); the GEMV table
 # (personaplex-bench-kernels --only gemv8) and the w8a16-vs-bf16 drift study
-# (personaplex-bench-quality, QFRAMES frames, default 500) when those binaries were packed.
+# (personaplex-bench-quality, QFRAMES frames, default 500; 0 skips it) when those binaries were
+# packed. RUNS picks ladder rows (default all five); GEMV_GRIDS the kernel bench's --gemv-grid
+# values (default 0).
 # Output in $OUT: summary.txt and results.tar.gz (the device tool brings back at most 8 files).
 set -u
 cd "$(dirname "$0")/.."
@@ -18,20 +20,26 @@ run() {  # name, flags...
   $B/personaplex-bench --device cuda --random-weights "$@" --out "$OUT/frame_$name.json" > "$OUT/bench_$name.log" 2>&1
   echo "bench $name rc=$?" >> "$OUT/summary.txt"
 }
-run stock --frames "$frames"
-run w8a16 --frames "$frames" --w8a16
-run w8a16_dep8 --frames "$frames" --w8a16 --dep-q-exit 8
-run fast --frames "$frames" --fast
-run fast_3000 --frames 3000 --fast
+for r in ${RUNS:-stock w8a16 w8a16_dep8 fast fast_3000}; do
+  case $r in
+    stock) run stock --frames "$frames" ;;
+    w8a16) run w8a16 --frames "$frames" --w8a16 ;;
+    w8a16_dep8) run w8a16_dep8 --frames "$frames" --w8a16 --dep-q-exit 8 ;;
+    fast) run fast --frames "$frames" --fast ;;
+    fast_3000) run fast_3000 --frames 3000 --fast ;;
+  esac
+done
 if [ -x $B/personaplex-bench-kernels ]; then
-  $B/personaplex-bench-kernels --only gemv8 --out "$OUT/kernels_gemv8.json" > "$OUT/kernels_gemv8.log" 2>&1
-  echo "kernels gemv8 rc=$?" >> "$OUT/summary.txt"
-  grep -E "^\{|temporal|text head|depformer" "$OUT/kernels_gemv8.log" | grep -v '^{' | head -40 >> "$OUT/summary.txt"
+  for g in ${GEMV_GRIDS:-0}; do  # --gemv-grid 1: the one-warp-per-row-unit grid, for comparison
+    $B/personaplex-bench-kernels --only gemv8 --gemv-grid "$g" --out "$OUT/kernels_gemv8_grid$g.json" > "$OUT/kernels_gemv8_grid$g.log" 2>&1
+    echo "kernels gemv8 --gemv-grid $g rc=$?" >> "$OUT/summary.txt"
+    grep -E "temporal|text head|depformer" "$OUT/kernels_gemv8_grid$g.log" | head -40 >> "$OUT/summary.txt"
+  done
   $B/personaplex-bench-kernels --only depformer --out "$OUT/kernels_depformer.json" > "$OUT/kernels_depformer.log" 2>&1
   echo "kernels depformer rc=$?" >> "$OUT/summary.txt"
   grep -E "^depformer" "$OUT/kernels_depformer.log" >> "$OUT/summary.txt"
 fi
-if [ -x $B/personaplex-bench-quality ]; then
+if [ -x $B/personaplex-bench-quality ] && [ "${QFRAMES:-500}" != 0 ]; then
   $B/personaplex-bench-quality --frames "${QFRAMES:-500}" --out "$OUT/quality_w8a16.json" > "$OUT/quality_w8a16.log" 2>&1
   echo "quality rc=$?" >> "$OUT/summary.txt"
   grep "^frame" "$OUT/quality_w8a16.log" >> "$OUT/summary.txt"
