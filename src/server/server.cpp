@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "ppx/error.h"
-#include "server/chat_session.h"
+#include "server/chat_protocol.h"
 #include "server/http_util.h"
 #include "server/session_hub.h"
 #include "server/web_assets.h"
@@ -63,12 +63,16 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 template <class S>
 constexpr bool kIsTls = std::is_same_v<S, TlsStream>;
 
-// The WebSocket side of a ChatSession over transport Stream, driven on the connection's strand.
+// The WebSocket transport of a SessionCore over Stream, driven on the connection's strand: client
+// messages go to the session's Protocol, outgoing messages are queued and written in order.
 template <class Stream>
-class WsSession final : public ChatSession {
+class WsSession final : public SessionCore {
  public:
-  WsSession(std::shared_ptr<SessionHub> hub, Stream&& s, ConnectionSlot conn)
-      : ChatSession(std::move(hub)), conn_(std::move(conn)), ws_(std::move(s)) {
+  WsSession(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol, Stream&& s,
+            ConnectionSlot conn)
+      : SessionCore(std::move(hub), std::move(protocol)),
+        conn_(std::move(conn)),
+        ws_(std::move(s)) {
     ++hub_->websockets;
   }
   ~WsSession() override { --hub_->websockets; }
@@ -80,8 +84,8 @@ class WsSession final : public ChatSession {
         static_cast<int64_t>(std::max(2.0, hub_->opts.idle_timeout_s) * 1000));
     t.keep_alive_pings = true;
     ws_.set_option(t);
-    ws_.read_message_max(kMaxMessageBytes);
-    ws_.binary(true);
+    ws_.read_message_max(protocol().max_message_bytes());
+    ws_.binary(!protocol().text_frames());
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().set_option(tcp::no_delay(true), ec);
     const std::string target(req.target());
@@ -113,17 +117,9 @@ class WsSession final : public ChatSession {
     if (ec) return kill(SessionEnd::kClientLeft);
     try {
       const auto* d = static_cast<const uint8_t*>(rbuf_.data().data());
-      if (n > 1 && d[0] == kAudio) {
-        if (!on_client_audio(d + 1, n - 1)) {
-          // Stop reading; the worker says why and closes.
-          return kill(SessionEnd::kInputOverflow,
-                      "audio arrives faster than it can be processed (more than " +
-                          std::to_string(kMaxQueuedInputBytes >> 20) + " MiB queued)");
-        }
-      } else {
-        hub_->metrics.ignored_message();  // other kinds and empty payloads, as upstream
-      }
+      const bool more = protocol().on_message(d, n);
       rbuf_.consume(rbuf_.size());
+      if (!more) return;  // killed: the worker says why and closes
     } catch (const std::exception& e) {
       return kill(SessionEnd::kSessionError, std::string("internal error: ") + e.what());
     }
@@ -265,7 +261,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
                      "server unavailable: " + why + "\n", 5);
       }
       beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
-      std::make_shared<WsSession<Stream>>(hub_, std::move(stream_), std::move(conn_))->start(req);
+      std::make_shared<WsSession<Stream>>(hub_, std::make_unique<ChatProtocol>(*hub_),
+                                          std::move(stream_), std::move(conn_))
+          ->start(req);
       return;
     }
     if (req.method() != http::verb::get)

@@ -20,7 +20,7 @@
 
 namespace ppx::server {
 
-class ChatSession;
+class SessionCore;
 
 struct SessionHub {
   ServerOptions opts;
@@ -41,18 +41,19 @@ struct SessionHub {
   int workers = 0;  // session worker threads still running
   bool draining = false, stopping = false, stopped = false;
   std::string device_error;  // non-empty once the device failed
-  std::list<std::weak_ptr<ChatSession>> sessions;
+  std::list<std::weak_ptr<SessionCore>> sessions;
 
   // Takes a free slot and registers `s` as a live session with a running worker, in one step (so
   // that stop() cannot miss it). Returns the slot, or -1 (all taken), -2 (draining or stopping).
-  int acquire_slot(const std::shared_ptr<ChatSession>& s);
+  int acquire_slot(const std::shared_ptr<SessionCore>& s);
   // Starts the slot's worker thread (joining the slot's previous, finished one first). On failure
   // (thread creation) releases the slot and rethrows.
   void start_worker(int slot, std::function<void()> body);
   // Called by a session's worker as its very last step.
   void release_slot(int slot);
   int sessions_in_use();
-  // Ends every live session with `why` (0x05 `message` + close unless the client already left).
+  // Ends every live session with `why` (its protocol's fatal message + close unless the client
+  // already left).
   void kill_all(SessionEnd why, const std::string& message);
   // "" while the server accepts sessions; else why not ("draining", "device failed: ...").
   std::string unavailable();
