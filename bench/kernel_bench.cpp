@@ -101,21 +101,27 @@ nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
     DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(4) * 2 * sh.K), alpha(sh.K),
         y(static_cast<size_t>(4) * sh.N);
     DeviceBuffer<__nv_fp8_e4m3> w8(wn * copies8);
-    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8);
+    DeviceBuffer<int8_t> wi8(wn * copies8);
+    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8), scale_i8(static_cast<size_t>(sh.N) * copies8);
     kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
     kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
     kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
     for (int i = 0; i < copies8; ++i) {
       kern::quantize_fp8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, w8.get() + i * wn,
                               scale.get() + static_cast<size_t>(i) * sh.N, s);
+      kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
+                               scale_i8.get() + static_cast<size_t>(i) * sh.N, s);
     }
     PPX_CUDA_CHECK(cudaStreamSynchronize(s));
     for (int B : {1, 4}) {
-      auto args = [&](int i, bool fp8) {
+      auto args = [&](int i, int type) {  // 0 bf16, 1 fp8, 2 int8
         kern::GemvArgs a;
-        if (fp8) {
+        if (type == 1) {
           a.w8 = w8.get() + (i % copies8) * wn;
           a.w_scale = scale.get() + static_cast<size_t>(i % copies8) * sh.N;
+        } else if (type == 2) {
+          a.wi8 = wi8.get() + (i % copies8) * wn;
+          a.w_scale = scale_i8.get() + static_cast<size_t>(i % copies8) * sh.N;
         } else {
           a.w = w.get() + (i % copies16) * wn;
         }
@@ -130,8 +136,9 @@ nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
         return a;
       };
       const int launches = 200;
-      const double t16 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, false), s); });
-      const double t8 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, true), s); });
+      const double t16 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, 0), s); });
+      const double t8 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, 1), s); });
+      const double ti8 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, 2), s); });
       const double act = static_cast<double>(B) * sh.K * 2 * (sh.in == GemvIn::kSiluGate ? 2 : 1);
       const double bytes16 = 2.0 * wn + act, bytes8 = static_cast<double>(wn) + 4.0 * sh.N + act;
       nlohmann::ordered_json r;
@@ -144,10 +151,14 @@ nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
       r["fp8_us"] = t8 * 1e3;
       r["fp8_gb_s"] = bytes8 / (t8 * 1e-3) / 1e9;
       r["speedup"] = t16 / t8;
+      r["int8_us"] = ti8 * 1e3;
+      r["int8_gb_s"] = bytes8 / (ti8 * 1e-3) / 1e9;
+      r["int8_speedup"] = t16 / ti8;
       rows.push_back(r);
-      std::printf("%-32s N=%5d K=%5d B=%d  bf16 %7.2f us %6.0f GB/s   fp8 %7.2f us %6.0f GB/s   x%.2f\n", sh.name,
-                  sh.N, sh.K, B, t16 * 1e3, bytes16 / (t16 * 1e-3) / 1e9, t8 * 1e3, bytes8 / (t8 * 1e-3) / 1e9,
-                  t16 / t8);
+      std::printf("%-32s N=%5d K=%5d B=%d  bf16 %7.2f us %6.0f GB/s   fp8 %7.2f us %6.0f GB/s x%.2f   int8 %7.2f us "
+                  "%6.0f GB/s x%.2f\n",
+                  sh.name, sh.N, sh.K, B, t16 * 1e3, bytes16 / (t16 * 1e-3) / 1e9, t8 * 1e3,
+                  bytes8 / (t8 * 1e-3) / 1e9, t16 / t8, ti8 * 1e3, bytes8 / (ti8 * 1e-3) / 1e9, t16 / ti8);
     }
   }
   return rows;

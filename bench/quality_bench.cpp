@@ -1,4 +1,4 @@
-// personaplex-bench-quality: how far the w8a16 LM (fp8 e4m3 linear weights, per-row scales) drifts
+// personaplex-bench-quality: how far the w8a16 LM (int8 or fp8 e4m3 linear weights, per-row scales) drifts
 // from the bf16 LM over a long conversation, on the full-size model with random weights.
 //
 // Both models are built from the same seed (the w8a16 one quantizes the same bf16 weights). The
@@ -74,6 +74,10 @@ int quality(int argc, char** argv) {
   app.add_option("--seed", seed, "random weight seed")->capture_default_str();
   app.add_option("--sample-seed", sample_seed, "sampling seed")->capture_default_str();
   app.add_option("--dep-q-exit", dep_steps, "depformer steps run (default all)")->check(CLI::Range(1, 64));
+  std::string w8_format = "int8";
+  app.add_option("--w8-format", w8_format, "the 8-bit weight type compared: int8 (what --w8a16 ships) or fp8")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp8", "int8"}));
   app.add_option("--out", out, "write the JSON result here too");
   try {
     app.parse(argc, argv);
@@ -91,9 +95,10 @@ int quality(int argc, char** argv) {
 
   std::fprintf(stderr, "building the bf16 LM (seed %llu)...\n", static_cast<unsigned long long>(seed));
   ppx::cuda::CudaLm ref_lm(c, seed);
-  std::fprintf(stderr, "building the w8a16 LM from the same weights...\n");
+  std::fprintf(stderr, "building the w8a16 (%s) LM from the same weights...\n", w8_format.c_str());
   ppx::cuda::CudaLmOptions opt;
   opt.w8a16 = true;
+  opt.w8_int8 = w8_format == "int8";
   ppx::cuda::CudaLm q_lm(c, seed, opt);
   ppx::cuda::SamplingParams sp = ppx::cuda::SamplingParams::from(*cfg.lm_gen, sample_seed);
   ppx::cuda::CudaLmStepper ref(ref_lm, sp, dep_steps);
@@ -146,6 +151,7 @@ int quality(int argc, char** argv) {
   j["window"] = window;
   j["agent_codebooks_compared"] = agent_steps;
   j["teacher_forced"] = true;
+  j["w8_format"] = w8_format;
   j["sampling"] = {{"temp_text", sp.temp_text}, {"temp_audio", sp.temp_audio}, {"seed", sample_seed}};
   j["weight_bytes"] = {{"bf16", ref_lm.weight_bytes()}, {"w8a16", q_lm.weight_bytes()}};
   const size_t w = static_cast<size_t>(window);

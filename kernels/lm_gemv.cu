@@ -27,14 +27,16 @@ int grid_blocks(int units, int resident_blocks) {
 void gemv_init() {
   gemv_impl::init<__nv_bfloat16>();
   gemv_impl::init_fp8();
+  gemv_impl::init_int8();
 }
 
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
-  // The one place the weight format is chosen: fp8 when w8 is set.
-  const bool fp8 = a.w8 != nullptr;
-  if (fp8) {
-    if (a.w_scale == nullptr) throw std::runtime_error("gemv: fp8 weights need w_scale");
-    if (a.K % 16 != 0) throw std::runtime_error("gemv: fp8 weights need K % 16 == 0");
+  // The one place the weight format is chosen: fp8 when w8 is set, int8 when wi8 is, else bf16.
+  const bool fp8 = a.w8 != nullptr, int8 = a.wi8 != nullptr;
+  if (fp8 && int8) throw std::runtime_error("gemv: both fp8 and int8 weights given");
+  if (fp8 || int8) {
+    if (a.w_scale == nullptr) throw std::runtime_error("gemv: 8-bit weights need w_scale");
+    if (a.K % 16 != 0) throw std::runtime_error("gemv: 8-bit weights need K % 16 == 0");
   } else if (a.K % 8 != 0) {
     throw std::runtime_error("gemv: K must be a multiple of 8");
   }
@@ -42,6 +44,8 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (static_cast<int64_t>(a.K) * a.B * 2 > gemv_impl::kMaxSmemBytes) throw std::runtime_error("gemv: K * B too large");
   if (fp8) {
     gemv_impl::dispatch_fp8(in, out, a, s);
+  } else if (int8) {
+    gemv_impl::dispatch_int8(in, out, a, s);
   } else {
     gemv_impl::dispatch<__nv_bfloat16>(in, out, a, s);
   }

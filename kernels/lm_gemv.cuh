@@ -1,8 +1,8 @@
 // Batch-B matrix-vector products of the LM with bf16 activations and fp32 accumulation, with the
-// neighbouring elementwise work fused in. Weights are either bf16 (w) or 8-bit fp8 e4m3 with one
-// fp32 scale per output row (w8, w_scale; see lm_quant.cuh for how they are made): then
-// acc = w_scale[n] * sum_k float(w8[n, k]) * x[k], the scale applied in fp32 before the epilogue
-// rounds. Everything else (prologues, epilogues, B, strides) is the same for both.
+// neighbouring elementwise work fused in. Weights are bf16 (w), or 8 bits (fp8 e4m3 in w8, or int8
+// in wi8) with one fp32 scale per output row (w_scale; see lm_quant.cuh for how they are made):
+// then acc = w_scale[n] * sum_k float(q[n, k]) * x[k], the scale applied in fp32 before the
+// epilogue rounds. Everything else (prologues, epilogues, B, strides) is the same for all three.
 //   prologue (applied to x while it is staged in shared memory, rounded to bf16 as upstream):
 //     kPlain     x
 //     kRmsNorm   x * (alpha * rsqrt(mean(x^2) + eps)), fp32 math
@@ -32,7 +32,8 @@ enum class GemvOut { kStore, kResidual, kLogits, kGateUp };
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major (bf16 weights; unused when w8 is set)
   const __nv_fp8_e4m3* w8 = nullptr;  // [N, K] row-major fp8 weights; when set, K % 16 == 0
-  const float* w_scale = nullptr;      // with w8: [N] dequantization scale of each weight row
+  const int8_t* wi8 = nullptr;         // [N, K] row-major int8 weights; when set, K % 16 == 0
+  const float* w_scale = nullptr;      // with w8 or wi8: [N] dequantization scale of each weight row
   const __nv_bfloat16* x = nullptr;  // [B, x_stride]; kSiluGate reads [B, 2K] within the stride
   int64_t x_stride = 0;              // elements between batch rows of x
   int N = 0, K = 0, B = 1;           // K % 8 == 0, 1 <= B <= 4

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "common.cuh"
 #include "lm_gemv.cuh"
@@ -48,6 +49,22 @@ struct Weights<__nv_fp8_e4m3> {
   static constexpr int kPerChunk = 16;
   static __device__ __forceinline__ const void* base(const GemvArgs& a) { return a.w8; }
 };
+template <>
+struct Weights<int8_t> {
+  static constexpr int kPerChunk = 16;
+  static __device__ __forceinline__ const void* base(const GemvArgs& a) { return a.wi8; }
+};
+
+// 4 int8 values packed in 32 bits -> 4 floats, in memory order (exact): each byte, biased to
+// unsigned, becomes the low mantissa byte of 2^23 (0x4B0000xx = 8388608 + xx), and one
+// subtraction removes 2^23 and the bias: a byte permute and an add per value.
+__device__ __forceinline__ void int8x4_to_float(uint32_t v, float* f) {
+  const uint32_t u = v ^ 0x80808080u;
+  f[0] = __int_as_float(static_cast<int>(__byte_perm(u, 0x4B000000u, 0x7540))) - 8388736.f;
+  f[1] = __int_as_float(static_cast<int>(__byte_perm(u, 0x4B000000u, 0x7541))) - 8388736.f;
+  f[2] = __int_as_float(static_cast<int>(__byte_perm(u, 0x4B000000u, 0x7542))) - 8388736.f;
+  f[3] = __int_as_float(static_cast<int>(__byte_perm(u, 0x4B000000u, 0x7543))) - 8388736.f;
+}
 
 // 4 e4m3 values packed in 32 bits -> 4 floats, in memory order (exact: every e4m3 value is a
 // half). sm_89+ converts pairs in hardware. Below, the bits are moved into half layout (sign; the
@@ -80,6 +97,9 @@ template <typename WT>
 __device__ __forceinline__ void weights_to_float(const uint4& v, bool h, float* f) {
   if constexpr (Weights<WT>::kPerChunk == 8) {
     bf16x8_to_float(v, f);
+  } else if constexpr (std::is_same_v<WT, int8_t>) {
+    int8x4_to_float(h ? v.z : v.x, f);
+    int8x4_to_float(h ? v.w : v.y, f + 4);
   } else {
     fp8x4_to_float(h ? v.z : v.x, f);
     fp8x4_to_float(h ? v.w : v.y, f + 4);
@@ -173,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   __shared__ float red[32];
   constexpr int E = Weights<WT>::kPerChunk;   // weights per 16-byte chunk
   constexpr int H = E / 8;                    // 8-value halves per chunk
-  constexpr bool kScaled = H == 2;            // fp8: per-row scales
+  constexpr bool kScaled = H == 2;            // 8-bit weights: per-row scales
   constexpr bool kPairs = OUT == GemvOut::kGateUp;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = a.K;
@@ -386,8 +406,11 @@ void init() {
 
 }  // namespace
 
-// Defined in lm_gemv8.cu: dispatch<__nv_fp8_e4m3> and init<__nv_fp8_e4m3>, compiled there.
+// Defined in lm_gemv8.cu: dispatch<__nv_fp8_e4m3> and init<__nv_fp8_e4m3>, compiled there; and
+// in lm_gemv8i.cu the same for int8_t.
 void dispatch_fp8(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
 void init_fp8();
+void dispatch_int8(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+void init_int8();
 
 }  // namespace ppx::kern::gemv_impl

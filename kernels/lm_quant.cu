@@ -26,7 +26,28 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bflo
   }
 }
 
+__global__ void __launch_bounds__(kThreads) quantize_int8_kernel(const __nv_bfloat16* w, int K, int8_t* q,
+                                                                 float* scale) {
+  __shared__ float red[32];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
+  float m = 0.f;
+  for (int k = threadIdx.x; k < K; k += kThreads) m = fmaxf(m, fabsf(__bfloat162float(w[row + k])));
+  m = block_max(m, red);
+  const float sc = m > 0.f ? __fdiv_rn(m, 127.f) : 1.f;
+  if (threadIdx.x == 0) scale[blockIdx.x] = sc;
+  for (int k = threadIdx.x; k < K; k += kThreads) {
+    const float v = rintf(__fdiv_rn(__bfloat162float(w[row + k]), sc));
+    q[row + k] = static_cast<int8_t>(fminf(fmaxf(v, -127.f), 127.f));
+  }
+}
+
 }  // namespace
+
+void quantize_int8_rows(const __nv_bfloat16* w, int N, int K, int8_t* q, float* scale, cudaStream_t s) {
+  if (N < 0 || K < 1) throw std::runtime_error("quantize_int8_rows: need N >= 0 and K >= 1");
+  if (N == 0) return;
+  quantize_int8_kernel<<<N, kThreads, 0, s>>>(w, K, q, scale);
+}
 
 void quantize_fp8_rows(const __nv_bfloat16* w, int N, int K, __nv_fp8_e4m3* q, float* scale, cudaStream_t s) {
   if (N < 0 || K < 1) throw std::runtime_error("quantize_fp8_rows: need N >= 0 and K >= 1");

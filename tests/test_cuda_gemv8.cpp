@@ -1,5 +1,5 @@
-// The w8a16 GEMV (kern::gemv with fp8 e4m3 weights and per-row scales) and the row quantizer
-// (kern::quantize_fp8_rows) against host references. The GEMV is held tightly to a double-precision
+// The w8a16 GEMV (kern::gemv with fp8 e4m3 or int8 weights and per-row scales) and the row
+// quantizers (kern::quantize_fp8_rows, quantize_int8_rows) against host references. The GEMV is held tightly to a double-precision
 // host GEMV over the dequantized weights (same prologue and epilogue roundings) and loosely to the
 // one over the original bf16 weights (the quantization error itself). GPU cases skip without a GPU.
 #include <cuda_bf16.h>
@@ -168,9 +168,9 @@ struct Case {
   int N, K;
 };
 
-// Quantizes random bf16 weights [N, K] on the device, then for B = 1..4 runs the fp8 GEMV and
-// compares with the host references.
-void check_case(const Case& c) {
+// Quantizes random bf16 weights [N, K] on the device (fp8 e4m3, or int8), then for B = 1..4 runs
+// the 8-bit GEMV and compares with the host references.
+void check_case(const Case& c, bool int8 = false) {
   const int N = c.N, K = c.K;
   const float eps = 1e-5f;
   const size_t wn = static_cast<size_t>(N) * K;
@@ -188,7 +188,11 @@ void check_case(const Case& c) {
   kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), seed + 1, 1.f, 0.f, nullptr);
   kern::fill_random_bf16(alpha.get(), K, seed + 2, 0.05f, 1.f, nullptr);
   kern::fill_random_bf16(y0.get(), static_cast<int64_t>(y0.size()), seed + 3, 0.01f, 0.f, nullptr);
-  kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
+  if (int8) {
+    kern::quantize_int8_rows(w.get(), N, K, reinterpret_cast<int8_t*>(q.get()), scale.get(), nullptr);
+  } else {
+    kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
+  }
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   PPX_CUDA_CHECK(cudaGetLastError());
 
@@ -198,16 +202,21 @@ void check_case(const Case& c) {
   std::vector<float> hdq(wn);  // float(q): the scale is applied to the dot product, as in the kernel
   parallel_rows(N, [&](int n0, int n1) {
     for (size_t i = static_cast<size_t>(n0) * K; i < static_cast<size_t>(n1) * K; ++i) {
-      hdq[i] = static_cast<float>(fp8_e4m3_value(hq[i]));
+      hdq[i] = int8 ? static_cast<float>(static_cast<int8_t>(hq[i])) : static_cast<float>(fp8_e4m3_value(hq[i]));
     }
   });
 
   for (int B = 1; B <= 4; ++B) {
-    SCOPED_TRACE(testing::Message() << name(c.in) << "/" << name(c.out) << " N=" << N << " K=" << K << " B=" << B);
+    SCOPED_TRACE(testing::Message() << (int8 ? "int8 " : "fp8 ") << name(c.in) << "/" << name(c.out) << " N=" << N
+                                     << " K=" << K << " B=" << B);
     const int NO = c.out == GemvOut::kGateUp ? N / 2 : N;
     PPX_CUDA_CHECK(cudaMemcpy(y.get(), y0.get(), y0.bytes(), cudaMemcpyDeviceToDevice));
     kern::GemvArgs a;
-    a.w8 = q.get();
+    if (int8) {
+      a.wi8 = reinterpret_cast<const int8_t*>(q.get());
+    } else {
+      a.w8 = q.get();
+    }
     a.w_scale = scale.get();
     a.x = x.get();
     a.x_stride = 2 * K;
@@ -239,10 +248,10 @@ void check_case(const Case& c) {
     for (float v : got) finite = finite && std::isfinite(v);
     ASSERT_TRUE(finite);
     const double eq = rel_l2(got, ref_q), ew = rel_l2(got, ref_w);
-    std::printf("gemv8 %-8s/%-8s N=%5d K=%5d B=%d: rel L2 vs dequantized %.2e, vs bf16 weights %.2e\n", name(c.in),
-                name(c.out), N, K, B, eq, ew);
+    std::printf("gemv8 %s %-8s/%-8s N=%5d K=%5d B=%d: rel L2 vs dequantized %.2e, vs bf16 weights %.2e\n",
+                int8 ? "int8" : "fp8 ", name(c.in), name(c.out), N, K, B, eq, ew);
     EXPECT_LE(eq, 1e-3);
-    EXPECT_LE(ew, 5e-2);
+    EXPECT_LE(ew, int8 ? 2e-2 : 5e-2);
   }
 }
 
@@ -318,6 +327,59 @@ TEST(CudaGemv8, MatchesHostReferenceOnModelShapes) {
   for (const Case& c : cases) check_case(c);
 }
 
+// The same shapes with int8 weights (the same kernel family, the other 8-bit type).
+TEST(CudaGemv8, Int8MatchesHostReferenceOnModelShapes) {
+  SKIP_WITHOUT_GPU();
+  kern::gemv_init();
+  const Case cases[] = {
+      {GemvIn::kPlain, GemvOut::kStore, 40, 96},         {GemvIn::kRmsNorm, GemvOut::kLogits, 40, 96},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 40, 96},   {GemvIn::kPlain, GemvOut::kGateUp, 40, 96},
+      {GemvIn::kRmsNorm, GemvOut::kStore, 4096, 4096},   {GemvIn::kPlain, GemvOut::kGateUp, 11264 * 2, 4096},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 32000, 4096},
+      {GemvIn::kPlain, GemvOut::kStore, 8200, 1040},
+  };
+  for (const Case& c : cases) check_case(c, /*int8=*/true);
+}
+
+// The int8 quantizer: scale = max|w| / 127 exactly (1 for zeros), every code is rint(w / scale)
+// (fp32 division) within [-127, 127], and the row's largest entry maps to +-127.
+TEST(CudaGemv8, QuantizeInt8RowsIsNearestWithMaxScale) {
+  SKIP_WITHOUT_GPU();
+  const int N = 4, K = 300;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<__nv_bfloat16> wb(static_cast<size_t>(N) * K);
+  std::vector<float> wf(wb.size());
+  for (int k = 0; k < K; ++k) {
+    const float v[4] = {0.f, u(rng), k == 17 ? -300.f : u(rng) * 1e-2f, std::ldexp(u(rng), -(k % 20))};
+    for (int n = 0; n < N; ++n) {
+      wb[static_cast<size_t>(n) * K + k] = __float2bfloat16(v[n]);
+      wf[static_cast<size_t>(n) * K + k] = __bfloat162float(wb[static_cast<size_t>(n) * K + k]);
+    }
+  }
+  cuda::DeviceBuffer<__nv_bfloat16> w(wb.size());
+  cuda::DeviceBuffer<int8_t> q(wb.size());
+  cuda::DeviceBuffer<float> scale(N);
+  w.upload(wb.data(), wb.size());
+  kern::quantize_int8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> hs = to_host_raw(scale.get(), N);
+  const std::vector<int8_t> hq = to_host_raw(q.get(), wb.size());
+  for (int n = 0; n < N; ++n) {
+    float mx = 0.f;
+    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(wf[static_cast<size_t>(n) * K + k]));
+    EXPECT_EQ(hs[n], mx > 0.f ? mx / 127.f : 1.f) << "row " << n;
+    for (int k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(n) * K + k;
+      const float want = std::min(127.f, std::max(-127.f, std::rint(wf[i] / hs[n])));
+      EXPECT_EQ(static_cast<float>(hq[i]), want) << "row " << n << " k " << k;
+      if (std::fabs(wf[i]) == mx && mx > 0.f) {
+        EXPECT_EQ(std::abs(static_cast<int>(hq[i])), 127);
+      }
+    }
+  }
+}
+
 // The argument checks of the fp8 path (host only: they throw before anything is launched).
 TEST(CudaGemv8, RejectsBadArguments) {
   kern::GemvArgs a;
@@ -330,4 +392,8 @@ TEST(CudaGemv8, RejectsBadArguments) {
   a.w_scale = nullptr;
   EXPECT_THROW(kern::gemv(GemvIn::kPlain, GemvOut::kStore, a, nullptr), std::runtime_error);
   EXPECT_THROW(kern::quantize_fp8_rows(nullptr, 4, 0, nullptr, nullptr, nullptr), std::runtime_error);
+  EXPECT_THROW(kern::quantize_int8_rows(nullptr, 4, 0, nullptr, nullptr, nullptr), std::runtime_error);
+  a.w_scale = reinterpret_cast<const float*>(16);
+  a.wi8 = reinterpret_cast<const int8_t*>(16);  // both 8-bit types at once
+  EXPECT_THROW(kern::gemv(GemvIn::kPlain, GemvOut::kStore, a, nullptr), std::runtime_error);
 }

@@ -60,11 +60,12 @@ TEST(CudaLmGolden, TeacherForcedAgainstFp32Reference) {
   EXPECT_EQ(r.out_token_agreement, 1.0);
 }
 
-// w8a16 (fp8 e4m3 linear weights, per-row scales): the same session held to 5e-2.
+// w8a16 with fp8 e4m3 linear weights (--w8-format fp8), per-row scales: the same session.
 TEST(CudaLmGolden, TeacherForcedW8a16AgainstFp32Reference) {
   SKIP_WITHOUT_GPU();
   cuda::CudaLmOptions opt;
   opt.w8a16 = true;
+  opt.w8_int8 = false;
   TinyCuda t(opt);
   ASSERT_TRUE(t.lm.w8a16());
   ASSERT_TRUE(t.lm.text_linear.fp8());
@@ -75,9 +76,26 @@ TEST(CudaLmGolden, TeacherForcedW8a16AgainstFp32Reference) {
               r.audio_logits_max_rel_l2, r.out_token_agreement);
   EXPECT_LE(r.text_logits_max_rel_l2, 5e-2);
   // The fast-path issue asks for 5e-2 on both; the audio logits miss it with fp8 e4m3 per-row
-  // weights (0.081 on the H200, 2026-12-03, docs/QUALITY.md). This bound only guards against a
-  // regression while the scheme (int8, finer scales) is revisited.
+  // weights (0.081 on the H200, 2026-12-03, docs/QUALITY.md), which is why int8 ships (next
+  // test). This bound guards the fp8 option against a regression.
   EXPECT_LE(r.audio_logits_max_rel_l2, 0.1);
+}
+
+// w8a16 with int8 weights (what --w8a16 ships): the same session, held to the issue's 5e-2
+// (measured 0.011 text, 0.027 audio on the H200, 2026-12-03).
+TEST(CudaLmGolden, TeacherForcedW8a16Int8AgainstFp32Reference) {
+  SKIP_WITHOUT_GPU();
+  cuda::CudaLmOptions opt;
+  opt.w8a16 = true;
+  TinyCuda t(opt);
+  ASSERT_TRUE(t.lm.text_linear.int8());
+  cuda::CudaLmStepper stepper(t.lm, t.greedy);
+  const SafeTensors session(test::data("session_tiny_a_cpu_fp32.safetensors"));
+  const ReplayReport r = replay_golden_session(stepper, *t.cfg.lm_gen, &t.mimi, session, /*teacher_forced=*/true);
+  std::printf("teacher-forced w8a16 int8 vs cpu fp32: text %.5f audio %.5f tokens %.4f\n", r.text_logits_max_rel_l2,
+              r.audio_logits_max_rel_l2, r.out_token_agreement);
+  EXPECT_LE(r.text_logits_max_rel_l2, 5e-2);
+  EXPECT_LE(r.audio_logits_max_rel_l2, 5e-2);
 }
 
 // w8a16 weight memory: the linear weights at 1 byte plus a float per row, the rest bf16.

@@ -34,8 +34,18 @@ void ModelFlags::add_to(CLI::App& app) {
                "the speed flags together: --w8a16 --dep-q-exit 8 --skip-other-mimi");
   app.add_flag(
       "--w8a16", w8a16,
-      "CUDA: every linear layer of the LM with 8-bit (fp8 e4m3) weights and per-row scales, "
+      "CUDA: every linear layer of the LM with 8-bit weights (--w8-format) and per-row scales, "
       "quantized at load");
+  app.add_option_function<std::string>(
+         "--w8-format",
+         [this](const std::string& v) {
+           w8_format = v;
+           w8_format_given = true;
+         },
+         "the 8-bit weight type of --w8a16: int8 (255 uniform levels per row) or fp8 (e4m3); int8 is 4-5x "
+         "more accurate and ~4% slower per frame (docs/QUALITY.md)")
+      ->default_str("int8")
+      ->check(CLI::IsMember({"fp8", "int8"}));
   app.add_option("--dep-q-exit", dep_q_exit,
                  "depformer steps per frame: -1 all (upstream), or n_q/2..dep_q (8..16): the steps "
                  "of the user's codebooks, which conversation always provides, are skipped");
@@ -68,6 +78,8 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
   if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
+  if (f.w8_format_given && !f.w8a16)
+    throw Error("--w8-format " + f.w8_format + " needs --w8a16 (or --fast): it picks the 8-bit weight type");
   if (f.device == "cuda") {
     const std::string why = cuda_device_problem();
     if (!why.empty())
@@ -77,6 +89,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   m.other_mimi = !f.skip_other_mimi;
   std::string flags;
   if (f.w8a16) flags += " --w8a16";
+  if (f.w8a16) flags += " --w8-format " + f.w8_format;
   if (f.dep_q_exit != -1) flags += " --dep-q-exit " + std::to_string(f.dep_q_exit);
   if (f.skip_other_mimi) flags += " --skip-other-mimi";
   if (f.no_mimi_pdl) flags += " --no-mimi-pdl";
@@ -133,6 +146,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     const bool device_random = !files && f.random_weights;
     CudaOptions cuda;
     cuda.w8a16 = f.w8a16;
+    cuda.w8_int8 = f.w8_format == "int8";
     cuda.mimi_pdl = !f.no_mimi_pdl;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
                                   f.codec_slots, true, cuda);

@@ -23,6 +23,8 @@ struct ModelFlags {
   // anything loads.
   bool fast = false, w8a16 = false, skip_other_mimi = false;
   int dep_q_exit = -1;  // depformer steps per frame; -1: all (upstream)
+  std::string w8_format = "int8";  // --w8-format: the 8-bit weight type of --w8a16 (int8 or fp8)
+  bool w8_format_given = false;    // --w8-format was on the command line (it needs --w8a16)
   bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
   void add_to(CLI::App& app);
 };

@@ -38,6 +38,8 @@ struct CudaOptions {
   // --w8a16: the LM's linear layers run with fp8 e4m3 weights and per-row scales, quantized at
   // load (cuda::CudaLmOptions::w8a16).
   bool w8a16 = false;
+  // --w8-format: with w8a16, int8 weights (true, the default) or fp8 e4m3 (cuda::CudaLmOptions::w8_int8).
+  bool w8_int8 = true;
   // Programmatic dependent launch for the Mimi kernels where the device supports it (compute
   // capability 9.0+; measured faster, docs/PERF.md v0.2). --no-mimi-pdl turns it off.
   bool mimi_pdl = true;

@@ -95,6 +95,7 @@ class CudaCodecStream : public CodecStream {
 cuda::CudaLmOptions lm_options(const CudaOptions& o) {
   cuda::CudaLmOptions l;
   l.w8a16 = o.w8a16;
+  l.w8_int8 = o.w8_int8;
   return l;
 }
 

@@ -78,6 +78,7 @@ LinearWeight LinearWeight::rows_from(int64_t first) const {
   LinearWeight r = *this;
   if (w) r.w = w + first * cols;
   if (w8) r.w8 = w8 + first * cols;
+  if (wi8) r.wi8 = wi8 + first * cols;
   if (w_scale) r.w_scale = w_scale + first;
   return r;
 }
@@ -85,9 +86,11 @@ LinearWeight LinearWeight::rows_from(int64_t first) const {
 void LinearWeight::set(kern::GemvArgs& a) const {
   if (a.K != cols) throw Error("LinearWeight: a GEMV with K " + std::to_string(a.K) + " on a weight of " +
                                std::to_string(cols) + " columns");
-  a.w = w8 ? nullptr : w;
+  const bool q = w8 || wi8;
+  a.w = q ? nullptr : w;
   a.w8 = w8;
-  a.w_scale = w8 ? w_scale : nullptr;
+  a.wi8 = wi8;
+  a.w_scale = q ? w_scale : nullptr;
 }
 
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s) {
@@ -208,7 +211,11 @@ void CudaLm::bind() {
     LinearWeight lw;
     lw.cols = t.shape.back();
     if (t.in_fp8) {
-      lw.w8 = arena8_.get() + t.off8;
+      if (opt_.w8_int8) {
+        lw.wi8 = reinterpret_cast<const int8_t*>(arena8_.get() + t.off8);
+      } else {
+        lw.w8 = arena8_.get() + t.off8;
+      }
       lw.w_scale = scales_.get() + t.off_scale;
     } else {
       lw.w = p;
@@ -250,12 +257,14 @@ void CudaLm::bind() {
   depformer_in_all = depformer_in.empty() ? LinearWeight{} : depformer_in[0];
   for (size_t s = 0; s < depformer_in.size(); ++s) {
     const LinearWeight want = depformer_in_all.rows_from(static_cast<int64_t>(s) * c_.depformer_dim);
-    if (depformer_in[s].w != want.w || depformer_in[s].w8 != want.w8 || depformer_in[s].w_scale != want.w_scale)
+    if (depformer_in[s].w != want.w || depformer_in[s].w8 != want.w8 || depformer_in[s].wi8 != want.wi8 ||
+        depformer_in[s].w_scale != want.w_scale)
       throw Error("depformer input projections are not contiguous in the weight arena");
   }
 }
 
-// w8a16: each linear weight [N, K] is quantized from its bf16 copy into arena8_ (packed: N K bytes,
+// w8a16: each linear weight [N, K] is quantized (fp8 e4m3, or int8 with w8_int8; the arena's bytes
+// are read as that type) from its bf16 copy into arena8_ (packed: N K bytes,
 // a multiple of 16 since K % 16 == 0, so rows stay 16-byte aligned) and scales_ (N floats); then
 // the bf16 arena is rebuilt with the other tensors only (embeddings, norms) and the old one freed.
 void CudaLm::quantize_linears() {
@@ -264,7 +273,7 @@ void CudaLm::quantize_linears() {
     if (!t.linear) continue;
     const int64_t N = t.shape[0], K = t.shape[1];
     if (K % 16 != 0)
-      throw Error("w8a16: " + t.key + " has " + std::to_string(K) + " columns, the fp8 GEMV needs a multiple of 16");
+      throw Error("w8a16: " + t.key + " has " + std::to_string(K) + " columns, the 8-bit GEMV needs a multiple of 16");
     t.off8 = total8;
     t.off_scale = total_scale;
     total8 += static_cast<size_t>(N) * K;
@@ -274,8 +283,13 @@ void CudaLm::quantize_linears() {
   scales_.resize(total_scale);
   for (const Tensor& t : tensors_) {
     if (!t.linear) continue;
-    kern::quantize_fp8_rows(arena_.get() + t.off, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1]),
-                            arena8_.get() + t.off8, scales_.get() + t.off_scale, nullptr);
+    const int N = static_cast<int>(t.shape[0]), K = static_cast<int>(t.shape[1]);
+    if (opt_.w8_int8) {
+      kern::quantize_int8_rows(arena_.get() + t.off, N, K, reinterpret_cast<int8_t*>(arena8_.get() + t.off8),
+                               scales_.get() + t.off_scale, nullptr);
+    } else {
+      kern::quantize_fp8_rows(arena_.get() + t.off, N, K, arena8_.get() + t.off8, scales_.get() + t.off_scale, nullptr);
+    }
     PPX_CUDA_CHECK(cudaGetLastError());
   }
   size_t rest = 0;

@@ -4,8 +4,8 @@
 // sampling, so the 16 sequential depformer steps never wait for the host. Only the step's tokens
 // cross to the host.
 //
-// CudaLmOptions::w8a16 stores the linear layers' weights in fp8 e4m3 with per-row scales instead
-// (LinearWeight; everything else as above).
+// CudaLmOptions::w8a16 stores the linear layers' weights in 8 bits (int8, or fp8 e4m3) with
+// per-row scales instead (LinearWeight; everything else as above).
 //
 // Numerics follow upstream's bf16 run: RMSNorm in fp32 with eps 1e-8, RoPE in fp32, projection
 // outputs rounded to bf16 before the residual add, silu(g) * u rounded once, logits from bf16.
@@ -55,20 +55,27 @@ namespace ppx::cuda {
 struct CudaLmOptions {
   // w8a16: every linear layer's weight (temporal QKV / output / FFN projections, text head,
   // depformer input projections, depformer QKV / output / FFN projections, depformer heads) is
-  // quantized at load to fp8 e4m3 with one fp32 scale per output row (kern::quantize_fp8_rows) and
+  // quantized at load to 8 bits with one fp32 scale per output row (w8_int8 below) and
   // the GEMVs read it so; activations, embeddings, norms and the KV cache stay bf16. The bf16
   // copies of the linear weights are freed. From ppx::CudaOptions::w8a16 (--w8a16).
   bool w8a16 = false;
+  // With w8a16: int8 (scale = max|row| / 127, kern::quantize_int8_rows; what ships, --w8-format
+  // int8) or, when false, fp8 e4m3: the same bytes and GEMV family. int8 measured 4-5x more
+  // accurate and ~4% slower per frame (docs/QUALITY.md, docs/PERF.md v0.10).
+  bool w8_int8 = true;
 };
 
 // A linear layer's weight [rows, cols] (row-major) as the GEMVs read it: bf16 (w), or fp8 e4m3
-// (w8) with one fp32 dequantization scale per row (w_scale). Exactly one of w and w8 is set.
+// (w8) or int8 (wi8) with one fp32 dequantization scale per row (w_scale). Exactly one of w, w8
+// and wi8 is set.
 struct LinearWeight {
   const __nv_bfloat16* w = nullptr;
   const __nv_fp8_e4m3* w8 = nullptr;
+  const int8_t* wi8 = nullptr;
   const float* w_scale = nullptr;
   int64_t cols = 0;
   bool fp8() const { return w8 != nullptr; }
+  bool int8() const { return wi8 != nullptr; }
   // Rows [first, ...): one step's slice of a weight that holds all depformer steps.
   LinearWeight rows_from(int64_t first) const;
   // The one place where the weight type reaches a GEMV: sets a.w, or a.w8 and a.w_scale (the
