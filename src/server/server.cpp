@@ -24,6 +24,7 @@
 #include "ppx/error.h"
 #include "server/chat_protocol.h"
 #include "server/http_util.h"
+#include "server/realtime_protocol.h"
 #include "server/session_hub.h"
 #include "server/web_assets.h"
 
@@ -177,7 +178,8 @@ class WsSession final : public SessionCore {
   bool writing_ = false, closing_ = false;
 };
 
-// One plain HTTP request on a fresh connection (no keep-alive), or the upgrade to /api/chat.
+// One plain HTTP request on a fresh connection (no keep-alive), or the upgrade to /api/chat or
+// /v1/realtime.
 // Over TLS the handshake comes first.
 template <class Stream>
 class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream>> {
@@ -248,7 +250,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
     const bool api = path.rfind("/api/", 0) == 0;
     if (websocket::is_upgrade(req)) {
-      if (path != "/api/chat")
+      if (path != "/api/chat" && path != "/v1/realtime")
         return reply(req, http::status::not_found, "text/plain", "not found\n");
       if (!origin_allowed(req)) {
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
@@ -261,8 +263,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
                      "server unavailable: " + why + "\n", 5);
       }
       beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
-      std::make_shared<WsSession<Stream>>(hub_, std::make_unique<ChatProtocol>(*hub_),
-                                          std::move(stream_), std::move(conn_))
+      std::unique_ptr<Protocol> protocol;
+      if (path == "/api/chat") {
+        protocol = std::make_unique<ChatProtocol>(*hub_);
+      } else {
+        const auto beta = req.find("OpenAI-Beta");
+        protocol = std::make_unique<RealtimeProtocol>(
+            *hub_, beta != req.end() && beta->value().find("realtime=v1") != std::string::npos);
+      }
+      std::make_shared<WsSession<Stream>>(hub_, std::move(protocol), std::move(stream_),
+                                          std::move(conn_))
           ->start(req);
       return;
     }

@@ -1,18 +1,19 @@
 // The PersonaPlex WebSocket server (protocol: docs/PROTOCOL.md): HTTP routes /health, /metrics,
-// /api/voices, /api/chat (WebSocket), the built-in web client at / and optional static files;
+// /api/voices, /api/chat and /v1/realtime (WebSocket; two protocol adapters over one session core,
+// session_core.h), the built-in web client at / and optional static files;
 // plain HTTP, or HTTPS/WSS only when given a certificate.
 //
 // Threading: Asio I/O threads do all network work (accept, HTTP, WebSocket reads and writes); each
-// chat session's compute (voice loading, system prompts, Mimi + LM steps, Opus) runs on that
+// session's compute (voice loading, system prompts, Mimi + LM steps, Opus) runs on that
 // session's own worker thread, which owns the Conversation, its CodecStream and LmStepper. The
-// two sides meet in one mutex-guarded input queue (client audio bytes) and in messages posted to
+// two sides meet in one mutex-guarded input queue (client input chunks) and in messages posted to
 // the connection's strand for writing. A session holds one of --max-sessions slots from its
 // WebSocket upgrade until its worker has finished; the worker ends within a fraction of a second
 // after the client closes, errors out, or sends no audio for idle_timeout_s. Worker threads are
 // joined before stop() returns, so none outlives the model.
 //
 // Failure containment: every request handler and session catches what it throws (HTTP 500, or
-// 0x05 + close on the WebSocket) and the I/O threads survive anything that escapes a handler. The
+// the protocol's error message + close on the WebSocket) and the I/O threads survive anything that escapes a handler. The
 // exception is a DeviceError (the GPU is unusable): the server then tells every client, /health
 // answers 503, and wait() returns kExitDeviceError so that the process exits non-zero.
 #pragma once

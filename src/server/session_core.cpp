@@ -231,7 +231,8 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
     return w == SessionEnd::kClientLeft ? SessionEnd::kClientLeftDuringPrompts : w;
   };
   SessionEnd why = SessionEnd::kClientLeftDuringPrompts;
-  // The start parameters (at once for /api/chat); input sent meanwhile is decoded and dropped.
+  // The start parameters (at once for /api/chat); input sent meanwhile is decoded, and what the
+  // protocol does not keep is dropped.
   SessionParams p;
   while (!proto.ready(Clock::now(), p)) {
     {
@@ -240,7 +241,7 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
     }
     if (over_duration()) return SessionEnd::kMaxDuration;
     if (!pump_input(why, detail)) return early(why);
-    proto.take(proto.available());
+    proto.drop_early_input();
   }
   std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
                p.voice_path.c_str(), p.text_prompt.size());
@@ -265,20 +266,21 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   if (!alive()) return ended_early();
   Conversation conv(*codec, *stepper, p.gen);
   // Audio sent before the conversation starts is decoded (so a stream stays in sync and the
-  // input queue stays bounded) and dropped: the model cannot hear it yet.
+  // input queue stays bounded) and dropped (/api/chat) or kept up to a bound (/v1/realtime): the
+  // model cannot hear it yet.
   const bool done = conv.run_system_prompts(prompt, [&](int64_t, int64_t) {
     if (over_duration()) {
       why = SessionEnd::kMaxDuration;
       return false;
     }
     if (!pump_input(why, detail)) return false;
-    proto.take(proto.available());
+    proto.drop_early_input();
     proto.on_prompt_tick(Clock::now());
     return true;
   });
   if (!done) return early(why);
   if (!alive()) return ended_early();
-  proto.take(proto.available());
+  proto.drop_early_input();
 
   proto.on_ready();
   auto last_activity = Clock::now();

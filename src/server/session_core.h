@@ -91,6 +91,8 @@ class Protocol {
   virtual bool decode(const std::vector<uint8_t>& chunk, SessionEnd& why, std::string& detail) = 0;
   virtual size_t available() const = 0;             // decoded samples not yet taken
   virtual std::vector<float> take(size_t n) = 0;    // up to n samples (24 kHz mono)
+  // Before the conversation starts: drops the decoded input it does not keep for the first frames.
+  virtual void drop_early_input() { take(available()); }
   virtual void on_prompt_tick(Clock::time_point) {}  // while the system prompts run
   virtual void on_ready() = 0;                       // the conversation starts
   // One output frame: `pcm` (frame_samples at 24 kHz), its text token (0, 3: pad) and that

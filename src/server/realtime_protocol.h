@@ -1,0 +1,100 @@
+// The /v1/realtime protocol (docs/PROTOCOL.md): the OpenAI Realtime API's JSON events over a
+// WebSocket, as Pipecat's OpenAIRealtimeLLMService and the OpenAI SDKs speak it, GA event names by
+// default and beta names when the upgrade carries `OpenAI-Beta: realtime=v1`.
+//
+// Client events are parsed on the connection's strand (each bounded by kMaxClientEventBytes):
+// `input_audio_buffer.append` becomes raw PCM16 input for the session core, `session.update`
+// changes the start parameters until the conversation starts, the turn-based events are
+// acknowledged. The worker side turns PCM16 into samples and segments the agent's continuous
+// output into responses (see on_frame()). Session state shared by both sides is under mu_.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "server/realtime_events.h"
+#include "server/session_core.h"
+
+namespace ppx::server {
+
+inline constexpr size_t kMaxClientEventBytes = size_t{1} << 20;      // larger: error, skipped
+inline constexpr size_t kMaxRealtimeMessageBytes = size_t{4} << 20;  // larger: connection closed
+inline constexpr size_t kMaxServerEventBytes = size_t{256} << 10;
+inline constexpr int kMaxInvalidEvents = 100;  // error events before the session is ended
+// Without a session.update the conversation starts with the defaults after this long.
+inline constexpr std::chrono::milliseconds kRealtimeStartWait{1000};
+// Audio sent before the conversation starts: the most recent second is kept (the model hears it
+// first, within its burst allowance), older audio is dropped.
+inline constexpr size_t kKeptEarlySamples = 24000;
+// Decoded input waiting for the model (a client far ahead of real time): 30 s at 24 kHz.
+inline constexpr size_t kMaxBufferedInputSamples = 30 * 24000;
+// Segmentation of the agent's output into responses: a frame is silent when its text token is
+// a pad and its audio RMS is below kSilenceRms; a response closes after kSilentFramesToClose
+// silent frames in a row, or after kMaxSegmentFrames frames.
+// Erring low: a threshold too high would drop quiet speech between responses, one too low only
+// makes responses end at kMaxSegmentFrames. (The tiny test model's output sits near 0.006.)
+inline constexpr float kSilenceRms = 0.003f;  // about -50 dBFS
+inline constexpr int kSilentFramesToClose = 6;  // 480 ms
+inline constexpr int kMaxSegmentFrames = 50;    // 4 s
+
+class RealtimeProtocol final : public Protocol {
+ public:
+  RealtimeProtocol(SessionHub& hub, bool beta);
+
+  bool text_frames() const override { return true; }
+  size_t max_message_bytes() const override { return kMaxRealtimeMessageBytes; }
+  std::string prepare(const std::string& query) override;
+  void on_open() override;
+  bool on_message(const uint8_t* data, size_t n) override;
+  void send_fatal(const char* code, const std::string& message) override;
+
+  bool ready(Clock::time_point now, SessionParams& p) override;
+  bool decode(const std::vector<uint8_t>& chunk, SessionEnd& why, std::string& detail) override;
+  size_t available() const override { return pcm_.size(); }
+  std::vector<float> take(size_t n) override;
+  void drop_early_input() override;
+  void on_ready() override {}
+  void on_frame(const std::vector<float>& pcm, int64_t text_token,
+                const std::string& text) override;
+  void on_end(SessionEnd why, const std::string& detail) override;
+
+ private:
+  using Json = realtime::Json;
+  Json event(const char* type);  // {type, event_id}
+  void emit(const Json& ev);
+  // Strand side. One error event; false once the invalid-event limit ends the session.
+  bool invalid(const std::string& code, const std::string& message, const char* param = nullptr);
+  void apply_session_update(const Json& session);  // under mu_
+  void send_session(const char* type);
+  // Worker side: response lifecycle.
+  void open_response();
+  void close_response(bool cancelled);
+
+  SessionHub& hub_;
+  const bool beta_;
+  std::atomic<uint64_t> next_event_{0};
+  std::string event_prefix_;
+  std::string client_event_id_;  // strand only: event_id of the event being handled
+  int invalid_events_ = 0;       // strand only
+  std::atomic<bool> cancel_{false};
+
+  std::mutex mu_;  // guards the session state below
+  realtime::SessionView view_;
+  SessionParams params_;
+  Clock::time_point t_open_;
+  bool updated_ = false, started_ = false;
+
+  // Worker only.
+  std::deque<float> pcm_;
+  std::string conversation_id_;
+  std::optional<std::string> voice_;  // as reported in response objects
+  bool open_ = false;
+  std::string response_id_, item_id_, transcript_;
+  std::optional<std::string> previous_item_;
+  int segment_frames_ = 0, silent_run_ = 0;
+};
+
+}  // namespace ppx::server
