@@ -57,7 +57,8 @@ function installSdk() {
     return true;
   }
   log(`npm ci in ${work}`);
-  const r = spawnSync('npm', ['ci', '--no-audit', '--no-fund', '--loglevel=error'], {
+  const r = spawnSync('npm', ['ci', '--no-audit', '--no-fund', '--loglevel=error', '--fetch-retries=2',
+                              '--fetch-retry-maxtimeout=20000', '--fetch-timeout=60000'], {
     cwd: work,
     encoding: 'utf8',
     timeout: 180_000,
