@@ -1,5 +1,6 @@
-// personaplex-bench-quality: how far the w8a16 LM (int8 or fp8 e4m3 linear weights, per-row scales) drifts
-// from the bf16 LM over a long conversation, on the full-size model with random weights.
+// personaplex-bench-quality: how far the w8a16 LM (int8 or fp8 e4m3 linear weights, per-row scales;
+// and/or the fp8 KV cache of --kv-fp8) drifts from the bf16 LM over a long conversation, on the
+// full-size model with random weights.
 //
 // Both models are built from the same seed (the w8a16 one quantizes the same bf16 weights). The
 // bf16 stepper samples every frame (upstream sampling parameters); its tokens are the next frame's
@@ -64,7 +65,7 @@ struct Series {
 };
 
 int quality(int argc, char** argv) {
-  CLI::App app{"w8a16 against bf16 on the full-size LM with random weights, teacher-forced"};
+  CLI::App app{"w8a16 (and/or --kv-fp8) against bf16 on the full-size LM with random weights, teacher-forced"};
   std::string config = "personaplex-7b", out;
   int frames = 500, window = 100, dep_steps = -1;
   uint64_t seed = 1234, sample_seed = 42424242;
@@ -78,6 +79,9 @@ int quality(int argc, char** argv) {
   app.add_option("--w8-format", w8_format, "the 8-bit weight type compared: int8 (what --w8a16 ships) or fp8")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp8", "int8"}));
+  bool no_w8 = false, kv_fp8 = false;
+  app.add_flag("--no-w8", no_w8, "the candidate keeps bf16 weights (to study --kv-fp8 alone)");
+  app.add_flag("--kv-fp8", kv_fp8, "the candidate keeps its KV cache in fp8 (--kv-fp8)");
   app.add_option("--out", out, "write the JSON result here too");
   try {
     app.parse(argc, argv);
@@ -95,10 +99,12 @@ int quality(int argc, char** argv) {
 
   std::fprintf(stderr, "building the bf16 LM (seed %llu)...\n", static_cast<unsigned long long>(seed));
   ppx::cuda::CudaLm ref_lm(c, seed);
-  std::fprintf(stderr, "building the w8a16 (%s) LM from the same weights...\n", w8_format.c_str());
+  const std::string candidate = (no_w8 ? std::string("bf16 weights") : "w8a16 " + w8_format) + (kv_fp8 ? ", fp8 KV" : "");
+  std::fprintf(stderr, "building the candidate LM (%s) from the same weights...\n", candidate.c_str());
   ppx::cuda::CudaLmOptions opt;
-  opt.w8a16 = true;
+  opt.w8a16 = !no_w8;
   opt.w8_int8 = w8_format == "int8";
+  opt.kv_fp8 = kv_fp8;
   ppx::cuda::CudaLm q_lm(c, seed, opt);
   ppx::cuda::SamplingParams sp = ppx::cuda::SamplingParams::from(*cfg.lm_gen, sample_seed);
   ppx::cuda::CudaLmStepper ref(ref_lm, sp, dep_steps);
@@ -145,7 +151,8 @@ int quality(int argc, char** argv) {
                    text_agree.mean(0, text_agree.v.size()), audio_agree.mean(0, audio_agree.v.size()));
   }
   nlohmann::ordered_json j;
-  j["bench"] = "quality_w8a16_vs_bf16";
+  j["bench"] = "quality_vs_bf16";
+  j["candidate"] = candidate;
   j["model"] = "embedded:" + config + " random weights seed " + std::to_string(seed);
   j["frames"] = frames;
   j["window"] = window;
@@ -153,7 +160,7 @@ int quality(int argc, char** argv) {
   j["teacher_forced"] = true;
   j["w8_format"] = w8_format;
   j["sampling"] = {{"temp_text", sp.temp_text}, {"temp_audio", sp.temp_audio}, {"seed", sample_seed}};
-  j["weight_bytes"] = {{"bf16", ref_lm.weight_bytes()}, {"w8a16", q_lm.weight_bytes()}};
+  j["weight_bytes"] = {{"bf16", ref_lm.weight_bytes()}, {"candidate", q_lm.weight_bytes()}};
   const size_t w = static_cast<size_t>(window);
   j["text_logits_rel_l2"] = text_err.summary(w);
   j["audio_logits_rel_l2"] = audio_err.summary(w);

@@ -1,5 +1,9 @@
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "common.cuh"
 #include "lm_attention.cuh"
@@ -10,7 +14,11 @@ namespace {
 constexpr int kSplit = 64;  // ring slots per block in the split-K attention (16 per warp)
 constexpr int kAttnWarps = 4;
 
-// One thread per rotation pair of q and of k, plus a copy of v.
+// One thread per rotation pair of q and of k, plus a copy of v. With an fp8 cache (r.k8) each
+// block holds whole heads (hd / 2 divides blockDim.x): the rotated keys and the values are
+// gathered in shared memory, one thread per head finds the head's largest magnitudes, and every
+// thread writes its pair scaled by them.
+constexpr int kRopeThreads = 256;
 __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, RingArgs r, float c,
                                    int pairs_per_row) {
   pdl_trigger();
@@ -20,21 +28,60 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
   const int pos = r.pos[r.slot[b]];
   const int64_t base = (static_cast<int64_t>(r.slot[b]) * r.C + pos % r.C) * D;
   const __nv_bfloat16* row = qkv + static_cast<int64_t>(b) * 3 * D;
-  for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs_per_row; p += gridDim.x * blockDim.x) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool live = p < pairs_per_row;
+  float kr0 = 0.f, kr1 = 0.f, v0 = 0.f, v1 = 0.f;
+  const int e = 2 * p;  // element index inside [H * hd]
+  if (live) {
     const int i = p % (r.hd / 2);  // frequency index inside the head
     const float omega = expf(static_cast<float>(i) * c);
     const float theta = static_cast<float>(pos) * omega;
     const float cs = cosf(theta), sn = sinf(theta);
-    const int e = 2 * p;  // element index inside [H * hd]
     const float q0 = __bfloat162float(row[e]), q1 = __bfloat162float(row[e + 1]);
     const float k0 = __bfloat162float(row[D + e]), k1 = __bfloat162float(row[D + e + 1]);
     q_out[static_cast<int64_t>(b) * D + e] = __float2bfloat16(q0 * cs - q1 * sn);
     q_out[static_cast<int64_t>(b) * D + e + 1] = __float2bfloat16(q0 * sn + q1 * cs);
-    r.k[base + e] = __float2bfloat16(k0 * cs - k1 * sn);
-    r.k[base + e + 1] = __float2bfloat16(k0 * sn + k1 * cs);
-    r.v[base + e] = row[2 * D + e];
-    r.v[base + e + 1] = row[2 * D + e + 1];
+    // The cache holds bf16-rounded keys either way (what the bf16 cache stores).
+    kr0 = __bfloat162float(__float2bfloat16(k0 * cs - k1 * sn));
+    kr1 = __bfloat162float(__float2bfloat16(k0 * sn + k1 * cs));
+    v0 = __bfloat162float(row[2 * D + e]);
+    v1 = __bfloat162float(row[2 * D + e + 1]);
+    if (r.k8 == nullptr) {
+      r.k[base + e] = __float2bfloat16(kr0);
+      r.k[base + e + 1] = __float2bfloat16(kr1);
+      r.v[base + e] = row[2 * D + e];
+      r.v[base + e + 1] = row[2 * D + e + 1];
+    }
   }
+  if (r.k8 == nullptr) return;  // uniform over the grid
+  __shared__ float mk[kRopeThreads], mv[kRopeThreads], sk[kRopeThreads], sv[kRopeThreads];
+  mk[threadIdx.x] = fmaxf(fabsf(kr0), fabsf(kr1));
+  mv[threadIdx.x] = fmaxf(fabsf(v0), fabsf(v1));
+  __syncthreads();
+  const int per_head = r.hd / 2;  // pairs (threads) per head
+  const int first = threadIdx.x - threadIdx.x % per_head;
+  if (threadIdx.x == first && live) {
+    float a = 0.f, bm = 0.f;
+    for (int t = first; t < first + per_head; ++t) {
+      a = fmaxf(a, mk[t]);
+      bm = fmaxf(bm, mv[t]);
+    }
+    sk[first] = a > 0.f ? a / 448.f : 1.f;
+    sv[first] = bm > 0.f ? bm / 448.f : 1.f;
+    const int h = e / r.hd;
+    const int64_t srow = (static_cast<int64_t>(r.slot[b]) * r.C + pos % r.C) * r.H + h;
+    r.k_scale[srow] = sk[first];
+    r.v_scale[srow] = sv[first];
+  }
+  __syncthreads();
+  if (!live) return;
+  const float ks = sk[first], vs = sv[first];
+  __nv_fp8_storage_t* k8 = reinterpret_cast<__nv_fp8_storage_t*>(r.k8) + base + e;
+  __nv_fp8_storage_t* v8 = reinterpret_cast<__nv_fp8_storage_t*>(r.v8) + base + e;
+  k8[0] = __nv_cvt_float_to_fp8(kr0 / ks, __NV_SATFINITE, __NV_E4M3);
+  k8[1] = __nv_cvt_float_to_fp8(kr1 / ks, __NV_SATFINITE, __NV_E4M3);
+  v8[0] = __nv_cvt_float_to_fp8(v0 / vs, __NV_SATFINITE, __NV_E4M3);
+  v8[1] = __nv_cvt_float_to_fp8(v1 / vs, __NV_SATFINITE, __NV_E4M3);
 }
 
 // A lane's DPL (<= 4) dims of one cached row.
@@ -58,14 +105,33 @@ __device__ __forceinline__ void load_dims(const __nv_bfloat16* p, float* f) {
   }
 }
 
+// A lane's DPL (<= 4) dims of one cached fp8 row, times the row's scale.
+template <int DPL>
+__device__ __forceinline__ void load_dims(const __nv_fp8_e4m3* p, float scale, float* f) {
+  const __nv_fp8_storage_t* b = reinterpret_cast<const __nv_fp8_storage_t*>(p);
+  if constexpr (DPL == 4) {
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(b);  // 4-byte aligned: lane * 4 dims
+    const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xffffu), __NV_E4M3)));
+    const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3)));
+    f[0] = lo.x * scale;
+    f[1] = lo.y * scale;
+    f[2] = hi.x * scale;
+    f[3] = hi.y * scale;
+  } else {
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) f[j] = __half2float(__half(__nv_cvt_fp8_to_halfraw(b[j], __NV_E4M3))) * scale;
+  }
+}
+
 // One warp's online softmax over the cached keys idx in [k0, k1) that `vis(idx)` admits, lanes over
 // head dims (DPL each). The loads of kGroup keys and values are issued together, so a warp waits
 // for memory once per group instead of once per key.
 constexpr int kGroup = 8;
-template <int DPL, typename Vis>
-__device__ __forceinline__ void attend(const float* qf, const __nv_bfloat16* kbase, const __nv_bfloat16* vbase,
-                                       int64_t stride, int k0, int k1, float scale, Vis vis, float& m, float& l,
-                                       float* acc) {
+// KT: bf16, or fp8 with per-row scales at kscale / vscale [idx * sstride] (nullptr for bf16).
+template <int DPL, typename KT, typename Vis>
+__device__ __forceinline__ void attend(const float* qf, const KT* kbase, const KT* vbase, int64_t stride,
+                                       const float* kscale, const float* vscale, int64_t sstride, int k0, int k1,
+                                       float scale, Vis vis, float& m, float& l, float* acc) {
   for (int g0 = k0; g0 < k1; g0 += kGroup) {
     float kf[kGroup][DPL], vf[kGroup][DPL], sc[kGroup];
     bool ok[kGroup];
@@ -74,8 +140,13 @@ __device__ __forceinline__ void attend(const float* qf, const __nv_bfloat16* kba
       const int idx = g0 + i;
       ok[i] = idx < k1 && vis(idx);
       if (ok[i]) {
-        load_dims<DPL>(kbase + static_cast<int64_t>(idx) * stride, kf[i]);
-        load_dims<DPL>(vbase + static_cast<int64_t>(idx) * stride, vf[i]);
+        if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
+          load_dims<DPL>(kbase + static_cast<int64_t>(idx) * stride, kf[i]);
+          load_dims<DPL>(vbase + static_cast<int64_t>(idx) * stride, vf[i]);
+        } else {
+          load_dims<DPL>(kbase + static_cast<int64_t>(idx) * stride, kscale[idx * sstride], kf[i]);
+          load_dims<DPL>(vbase + static_cast<int64_t>(idx) * stride, vscale[idx * sstride], vf[i]);
+        }
       }
     }
 #pragma unroll
@@ -112,7 +183,7 @@ __device__ __forceinline__ void attend(const float* qf, const __nv_bfloat16* kba
 
 // grid (H, splits, B), kAttnWarps warps. Each warp runs an online softmax over its kSplit /
 // kAttnWarps keys; the block merges its warps and writes (m, l, acc[hd]) for its split.
-template <int DPL>
+template <int DPL, typename KT>
 __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int splits, float* work) {
   pdl_trigger();
   pdl_wait();
@@ -132,8 +203,15 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
   constexpr int kPerWarp = kSplit / kAttnWarps;
   const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + lane * DPL;
-  attend<DPL>(qf, r.k + cache0, r.v + cache0, D, k0, k1, scale,
-              [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); }, m, l, acc);
+  auto vis = [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); };
+  if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
+    attend<DPL>(qf, r.k + cache0, r.v + cache0, D, static_cast<const float*>(nullptr),
+                static_cast<const float*>(nullptr), 0, k0, k1, scale, vis, m, l, acc);
+  } else {
+    const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
+    attend<DPL>(qf, r.k8 + cache0, r.v8 + cache0, D, r.k_scale + s0, r.v_scale + s0, r.H, k0, k1, scale, vis, m,
+                l, acc);
+  }
   __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][32 * DPL];
   if (lane == 0) {
     sm[warp] = m;
@@ -213,8 +291,8 @@ __global__ void depformer_attention_kernel(const __nv_bfloat16* qkv, RingArgs r,
   const float scale = rsqrtf(static_cast<float>(r.hd));
   const int E = step + 1;
   float m = -INFINITY, l = 0.f;
-  attend<DPL>(qf, r.k + cache0, r.v + cache0, D, 0, min(r.C, E), scale,
-              [&](int idx) { return ring_visible(idx, E, r.C, step, 0); }, m, l, acc);
+  attend<DPL>(qf, r.k + cache0, r.v + cache0, D, static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
+              0, 0, min(r.C, E), scale, [&](int idx) { return ring_visible(idx, E, r.C, step, 0); }, m, l, acc);
 #pragma unroll
   for (int j = 0; j < DPL; ++j)
     out[static_cast<int64_t>(b) * D + h * r.hd + lane * DPL + j] = __float2bfloat16(l > 0.f ? acc[j] / l : 0.f);
@@ -242,9 +320,10 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
                  cudaStream_t s) {
   const float c = static_cast<float>(-std::log(static_cast<double>(max_period)) * 2.0 / static_cast<double>(r.hd));
   const int pairs = r.H * r.hd / 2;
-  const int threads = 256;
-  const dim3 grid((pairs + threads - 1) / threads, B);
-  pdl_launch(rope_append_kernel, grid, dim3(threads), 0, s, qkv, q_out, r, c, pairs);
+  if (r.k8 && (r.hd % 2 != 0 || kRopeThreads % (r.hd / 2) != 0 || !r.v8 || !r.k_scale || !r.v_scale))
+    throw std::runtime_error("rope_append: an fp8 cache needs k8, v8, both scales and hd / 2 dividing 256");
+  const dim3 grid((pairs + kRopeThreads - 1) / kRopeThreads, B);
+  pdl_launch(rope_append_kernel, grid, dim3(kRopeThreads), 0, s, qkv, q_out, r, c, pairs);
 }
 
 size_t attention_work_floats(int B, int H, int hd, int C) {
@@ -257,8 +336,13 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
   const int splits = (r.C + kSplit - 1) / kSplit;
   by_dpl<Dpl>(r.hd, [&](auto dpl) {
-    pdl_launch(attention_split_kernel<decltype(dpl)::value>, dim3(r.H, splits, B), dim3(kAttnWarps * 32), 0, s, q,
-               r, splits, work);
+    if (r.k8) {
+      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_fp8_e4m3>, dim3(r.H, splits, B),
+                 dim3(kAttnWarps * 32), 0, s, q, r, splits, work);
+    } else {
+      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_bfloat16>, dim3(r.H, splits, B),
+                 dim3(kAttnWarps * 32), 0, s, q, r, splits, work);
+    }
   });
   pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), splits * sizeof(float), s,
              static_cast<const float*>(work), r.H, r.hd, splits, out);

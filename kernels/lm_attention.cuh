@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,15 +15,24 @@
 namespace ppx::kern {
 
 struct RingArgs {
-  __nv_bfloat16* k = nullptr;  // [slots, C, H * hd]
+  __nv_bfloat16* k = nullptr;  // [slots, C, H * hd] (bf16 cache)
   __nv_bfloat16* v = nullptr;  // [slots, C, H * hd]
   const int32_t* pos = nullptr;   // [slots] position of this step's token (tokens before it)
   const int32_t* slot = nullptr;  // [B] cache slot of each batch row
   int C = 0, H = 0, hd = 0, context = 0;  // context 0 = unlimited
+  // fp8 cache (--kv-fp8; the temporal transformer only): when k8 is set, keys and values live in
+  // k8 / v8 [slots, C, H * hd] as e4m3 with one fp32 scale per (slot, position, head) in
+  // k_scale / v_scale [slots, C, H] (scale = max |row of the head| / 448, 1 for zeros), and k / v
+  // are unused. Needs hd / 2 to divide 256 (hd 32, 64 or 128).
+  __nv_fp8_e4m3* k8 = nullptr;
+  __nv_fp8_e4m3* v8 = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 };
 
 // Temporal transformer: applies RoPE (fp32, interleaved pairs) to q and k of qkv [B, 3*H*hd],
-// writes the rotated q to q_out [B, H*hd] and appends rotated k and v at ring slot pos % C.
+// writes the rotated q to q_out [B, H*hd] and appends rotated k and v at ring slot pos % C (in
+// fp8 with their per-head scales when r.k8 is set).
 void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs& r, int B, float max_period,
                  cudaStream_t s);
 

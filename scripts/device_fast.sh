@@ -5,8 +5,8 @@
 # frames each (default 500), and --fast over 3000 frames (the context full); the GEMV table
 # (personaplex-bench-kernels --only gemv8) and the w8a16-vs-bf16 drift study
 # (personaplex-bench-quality, QFRAMES frames, default 500; 0 skips it) when those binaries were
-# packed. RUNS picks ladder rows (default the first five; also fast_int8 = --fast --w8-format
-# int8); GEMV_GRIDS the kernel bench's --gemv-grid values (default 0); QFORMATS the 8-bit types
+# packed. RUNS picks ladder rows (default the first five; also fast_int8, fast_fp8 (--w8-format),
+# fast_kv8 and fast_3000_kv8 (--kv-fp8)); GEMV_GRIDS the kernel bench's --gemv-grid values (default 0); QFORMATS the 8-bit types
 # of the drift study (default int8; e.g. "int8 fp8").
 # Output in $OUT: summary.txt and results.tar.gz (the device tool brings back at most 8 files).
 set -u
@@ -29,6 +29,9 @@ for r in ${RUNS:-stock w8a16 w8a16_dep8 fast fast_3000}; do
     fast) run fast --frames "$frames" --fast ;;
     fast_3000) run fast_3000 --frames 3000 --fast ;;
     fast_int8) run fast_int8 --frames "$frames" --fast --w8-format int8 ;;
+    fast_fp8) run fast_fp8 --frames "$frames" --fast --w8-format fp8 ;;
+    fast_kv8) run fast_kv8 --frames "$frames" --fast --kv-fp8 ;;
+    fast_3000_kv8) run fast_3000_kv8 --frames 3000 --fast --kv-fp8 ;;
   esac
 done
 if [ -x $B/personaplex-bench-kernels ]; then
@@ -42,9 +45,11 @@ if [ -x $B/personaplex-bench-kernels ]; then
   grep -E "^depformer" "$OUT/kernels_depformer.log" >> "$OUT/summary.txt"
 fi
 if [ -x $B/personaplex-bench-quality ] && [ "${QFRAMES:-500}" != 0 ]; then
-  for f in ${QFORMATS:-int8}; do  # the 8-bit weight types compared with bf16 (int8, fp8)
+  for f in ${QFORMATS:-int8}; do  # the candidates compared with bf16: int8, fp8 (w8a16), kv8 (--kv-fp8 alone)
     n=quality_w8a16_$f
-    $B/personaplex-bench-quality --frames "${QFRAMES:-500}" --w8-format "$f" --out "$OUT/$n.json" > "$OUT/$n.log" 2>&1
+    args="--w8-format $f"
+    [ "$f" = kv8 ] && { n=quality_kv_fp8; args="--no-w8 --kv-fp8"; }
+    $B/personaplex-bench-quality --frames "${QFRAMES:-500}" $args --out "$OUT/$n.json" > "$OUT/$n.log" 2>&1
     echo "quality $f rc=$?" >> "$OUT/summary.txt"
     grep "^frame" "$OUT/$n.log" >> "$OUT/summary.txt"
   done

@@ -52,6 +52,9 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--skip-other-mimi", skip_other_mimi,
                "do not run upstream's second, discarded Mimi stream (the server and the offline "
                "tool never run it; the bench runs it unless this is given)");
+  app.add_flag("--kv-fp8", kv_fp8,
+               "CUDA: keep the temporal transformer's keys and values in fp8 (e4m3, one scale per "
+               "position and head): half the KV memory and attention bytes (docs/QUALITY.md)");
   app.add_flag("--no-mimi-pdl", no_mimi_pdl,
                "CUDA: launch the Mimi kernels without programmatic dependent launch (on by default "
                "where the GPU supports it; for measurements)");
@@ -78,6 +81,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
   if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
+  if (f.kv_fp8 && f.device != "cuda") throw Error("--kv-fp8 needs --device cuda: the fp8 KV cache is CUDA only");
   if (f.w8_format_given && !f.w8a16)
     throw Error("--w8-format " + f.w8_format + " needs --w8a16 (or --fast): it picks the 8-bit weight type");
   if (f.device == "cuda") {
@@ -92,6 +96,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16) flags += " --w8-format " + f.w8_format;
   if (f.dep_q_exit != -1) flags += " --dep-q-exit " + std::to_string(f.dep_q_exit);
   if (f.skip_other_mimi) flags += " --skip-other-mimi";
+  if (f.kv_fp8) flags += " --kv-fp8";
   if (f.no_mimi_pdl) flags += " --no-mimi-pdl";
   m.speed_flags = flags.empty() ? "" : flags.substr(1);
 }
@@ -147,6 +152,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     CudaOptions cuda;
     cuda.w8a16 = f.w8a16;
     cuda.w8_int8 = f.w8_format == "int8";
+    cuda.kv_fp8 = f.kv_fp8;
     cuda.mimi_pdl = !f.no_mimi_pdl;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
                                   f.codec_slots, true, cuda);

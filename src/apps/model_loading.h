@@ -25,6 +25,7 @@ struct ModelFlags {
   int dep_q_exit = -1;  // depformer steps per frame; -1: all (upstream)
   std::string w8_format = "int8";  // --w8-format: the 8-bit weight type of --w8a16 (int8 or fp8)
   bool w8_format_given = false;    // --w8-format was on the command line (it needs --w8a16)
+  bool kv_fp8 = false;       // --kv-fp8 (CUDA): the temporal KV cache in fp8 with per-head scales
   bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
   void add_to(CLI::App& app);
 };

@@ -40,6 +40,9 @@ struct CudaOptions {
   bool w8a16 = false;
   // --w8-format: with w8a16, int8 weights (true, the default) or fp8 e4m3 (cuda::CudaLmOptions::w8_int8).
   bool w8_int8 = true;
+  // --kv-fp8: the temporal transformer's KV cache in fp8 e4m3 with per-(position, head) scales
+  // (cuda::CudaLmOptions::kv_fp8): half the cache memory and attention bytes.
+  bool kv_fp8 = false;
   // Programmatic dependent launch for the Mimi kernels where the device supports it (compute
   // capability 9.0+; measured faster, docs/PERF.md v0.2). --no-mimi-pdl turns it off.
   bool mimi_pdl = true;

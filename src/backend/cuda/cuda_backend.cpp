@@ -96,6 +96,7 @@ cuda::CudaLmOptions lm_options(const CudaOptions& o) {
   cuda::CudaLmOptions l;
   l.w8a16 = o.w8a16;
   l.w8_int8 = o.w8_int8;
+  l.kv_fp8 = o.kv_fp8;
   return l;
 }
 

@@ -378,8 +378,16 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
       for (auto& e : p) PPX_CUDA_CHECK(cudaEventCreate(&e));
   }
   const size_t kv = static_cast<size_t>(c.num_layers) * c.context * D;
-  k_cache_.resize(kv);
-  v_cache_.resize(kv);
+  if (lm.kv_fp8()) {
+    k8_cache_.resize(kv);
+    v8_cache_.resize(kv);
+    const size_t sc = static_cast<size_t>(c.num_layers) * c.context * c.num_heads;
+    k_scale_.resize(sc);
+    v_scale_.resize(sc);
+  } else {
+    k_cache_.resize(kv);
+    v_cache_.resize(kv);
+  }
   const size_t dkv = static_cast<size_t>(c.depformer_num_layers) * S * DD;
   dk_cache_.resize(dkv);
   dv_cache_.resize(dkv);
@@ -568,8 +576,16 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
                   const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, 1, s); };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm_.layers[l];
-    ring.k = k_cache_.get() + l * layer_kv;
-    ring.v = v_cache_.get() + l * layer_kv;
+    if (lm_.kv_fp8()) {
+      const size_t layer_sc = static_cast<size_t>(c.context) * c.num_heads;
+      ring.k8 = k8_cache_.get() + l * layer_kv;
+      ring.v8 = v8_cache_.get() + l * layer_kv;
+      ring.k_scale = k_scale_.get() + l * layer_sc;
+      ring.v_scale = v_scale_.get() + l * layer_sc;
+    } else {
+      ring.k = k_cache_.get() + l * layer_kv;
+      ring.v = v_cache_.get() + l * layer_kv;
+    }
     gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
     kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
     kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);

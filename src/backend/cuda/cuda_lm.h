@@ -63,6 +63,10 @@ struct CudaLmOptions {
   // int8) or, when false, fp8 e4m3: the same bytes and GEMV family. int8 measured 4-5x more
   // accurate and ~4% slower per frame (docs/QUALITY.md, docs/PERF.md v0.10).
   bool w8_int8 = true;
+  // kv_fp8: every stepper keeps the temporal transformer's keys and values in fp8 e4m3 with one
+  // fp32 scale per (position, head) (kern::RingArgs::k8), half the bytes of the bf16 cache; the
+  // depformer's per-frame ring stays bf16. From ppx::CudaOptions::kv_fp8 (--kv-fp8).
+  bool kv_fp8 = false;
 };
 
 // A linear layer's weight [rows, cols] (row-major) as the GEMVs read it: bf16 (w), or fp8 e4m3
@@ -93,6 +97,7 @@ class CudaLm {
   const LmConfig& config() const { return c_; }
   const CudaLmOptions& options() const { return opt_; }
   bool w8a16() const { return opt_.w8a16; }
+  bool kv_fp8() const { return opt_.kv_fp8; }
   // Device bytes of the weights the step reads: the bf16 arena (everything, or with w8a16 the
   // embeddings and norms only), plus with w8a16 the fp8 weights and their scales.
   size_t weight_bytes() const { return weight_bytes_; }
@@ -224,7 +229,9 @@ class CudaLmStepper : public LmStepper {
   int parity_ = 0;
   float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
-  DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;
+  DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;  // k/v_cache_ empty with kv_fp8
+  DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D]
+  DeviceBuffer<float> k_scale_, v_scale_;                                  // with kv_fp8: [layers, C, heads]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
   // req_ = tokens [K] | force [1 + S] | target [K] | use_ext [1]  (the uploaded request)
