@@ -180,7 +180,8 @@ void expect_well_formed(const std::vector<RtEvent>& evs) {
   }
 }
 
-// The responses' events in order, checked against the lifecycle; returns completed responses.
+// The responses' events in order, checked against the lifecycle; returns the completed (not
+// cancelled) responses.
 int check_lifecycles(const std::vector<RtEvent>& evs, bool beta) {
   const char* added = beta ? "conversation.item.created" : "conversation.item.added";
   const char* audio_delta = beta ? "response.audio.delta" : "response.output_audio.delta";
@@ -246,17 +247,22 @@ int check_lifecycles(const std::vector<RtEvent>& evs, bool beta) {
         const Json& r = e.j["response"];
         EXPECT_EQ(r["id"], resp);
         EXPECT_EQ(r["object"], "realtime.response");
-        EXPECT_EQ(r["status"], "completed");
-        EXPECT_TRUE(r.contains("status_details"));
+        const bool cancelled = r["status"] == "cancelled";
+        if (cancelled) {
+          EXPECT_EQ(r["status_details"]["type"], "cancelled");
+        } else {
+          EXPECT_EQ(r["status"], "completed");
+          EXPECT_TRUE(r.contains("status_details") && r["status_details"].is_null());
+        }
         EXPECT_EQ(r["output"].size(), 1u);
         EXPECT_EQ(r["output"][0]["id"], item);
-        EXPECT_EQ(r["output"][0]["status"], "completed");
+        EXPECT_EQ(r["output"][0]["status"], cancelled ? "incomplete" : "completed");
         EXPECT_EQ(r["output"][0]["content"][0]["transcript"], transcript);
         for (const char* k : {"total_tokens", "input_tokens", "output_tokens"})
           EXPECT_EQ(r["usage"][k], 0) << k;
         EXPECT_TRUE(r["usage"]["input_token_details"].is_object());
         EXPECT_TRUE(r["usage"]["output_token_details"].is_object());
-        ++completed;
+        if (!cancelled) ++completed;
         resp.clear();
         opening = 0;
       }
@@ -373,6 +379,39 @@ TEST_F(RealtimeServerTest, RealTimeAudioDeltasInResponses) {
   EXPECT_TRUE(wait_slots_free(port_));
 }
 
+// response.cancel closes the open response as cancelled; the next frame opens a new one.
+TEST_F(RealtimeServerTest, ResponseCancelClosesTheOpenResponse) {
+  std::vector<float> speech = user_speech();
+  speech.resize(30 * kFrame, 0.f);
+  RtClient c;
+  ASSERT_TRUE(c.connect(port_, target()));
+  c.stream(pcm16(speech), 1920);
+  bool cancelled = false;
+  c.run(
+      [&](RtClient& cl, const RtEvent& e) {
+        if (e.type() == "session.created") cl.send(R"({"type":"session.update","session":{}})");
+        if (e.type() == "response.output_audio.delta" && !cancelled) {
+          cancelled = true;
+          cl.send(R"({"type":"response.cancel"})");
+        }
+        return count(cl.events, "response.created") >= 2 &&
+               e.type() == "response.output_audio.delta";
+      },
+      20s);
+  expect_well_formed(c.events);
+  EXPECT_EQ(check_lifecycles(c.events, false), 0);
+  std::vector<Json> done;
+  for (const auto& e : c.events)
+    if (e.type() == "response.done") done.push_back(e.j["response"]);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]["status"], "cancelled");
+  EXPECT_EQ(done[0]["status_details"]["reason"], "client_cancelled");
+  EXPECT_EQ(count(c.events, "response.created"), 2u);
+  EXPECT_EQ(count(c.events, "error"), 0u);
+  c.drop();
+  EXPECT_TRUE(wait_slots_free(port_));
+}
+
 TEST_F(RealtimeServerTest, BetaHeaderGivesBetaNames) {
   std::vector<float> speech = user_speech();
   speech.resize(60 * kFrame, 0.f);  // 4.8 s: one full response
@@ -433,10 +472,11 @@ TEST_F(RealtimeServerTest, MalformedEventsGetErrorsAndTheSessionGoesOn) {
         if (e.type() == "session.created") {
           for (const auto& [m, code] : bad) cl.send(m);
           for (const auto& [m, reply] : turn_based) cl.send(m);
-          for (const char* quiet :
-               {R"({"type":"response.create"})", R"({"type":"response.cancel"})",
-                R"({"type":"output_audio_buffer.clear"})",
-                R"({"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}})"})
+          for (
+              const char* quiet :
+              {R"({"type":"response.create"})", R"({"type":"response.cancel"})",
+               R"({"type":"output_audio_buffer.clear"})",
+               R"({"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}})"})
             cl.send(quiet);
           cl.send(R"({"type":"session.update","session":{}})");
           cl.stream(pcm16(speech), 1920);
@@ -540,8 +580,7 @@ TEST_F(RealtimeServerTest, ChatBesideRealtime) {
   Client chat_client;
   ASSERT_TRUE(chat_client.connect(port_, chat()));
   const Exchange ex = chat_client.run(
-      audio_messages(speech), 80ms, [&](const Exchange& e) { return e.audio_msgs >= 30 + 2; },
-      20s);
+      audio_messages(speech), 80ms, [&](const Exchange& e) { return e.audio_msgs >= 30 + 2; }, 20s);
   rt.join();
   EXPECT_TRUE(ex.handshake);
   EXPECT_TRUE(ex.errors.empty());

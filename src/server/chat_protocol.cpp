@@ -146,8 +146,7 @@ bool ChatProtocol::ready(Clock::time_point now, SessionParams& p) {
   return true;
 }
 
-bool ChatProtocol::decode(const std::vector<uint8_t>& chunk, SessionEnd& why,
-                          std::string& detail) {
+bool ChatProtocol::decode(const std::vector<uint8_t>& chunk, SessionEnd& why, std::string& detail) {
   reader_->push(chunk.data(), chunk.size());
   if (reader_->failed()) {
     why = SessionEnd::kBadAudio;
@@ -178,8 +177,7 @@ void ChatProtocol::on_ready() {
 void ChatProtocol::on_frame(const std::vector<float>& pcm, int64_t text_token,
                             const std::string& text) {
   if (!is_pad_token(text_token)) core_->send(message(kText, text.data(), text.size()));
-  const std::vector<uint8_t> page =
-      writer_->encode_frame(pcm.data(), static_cast<int>(pcm.size()));
+  const std::vector<uint8_t> page = writer_->encode_frame(pcm.data(), static_cast<int>(pcm.size()));
   core_->send(message(kAudio, page.data(), page.size()));
 }
 

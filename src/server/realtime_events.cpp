@@ -130,7 +130,8 @@ Json session_object(const SessionView& s, bool beta) {
           {"transcription", nullptr},
           {"noise_reduction", nullptr},
           {"turn_detection", nullptr}}},
-        {"output", {{"format", audio_format(false)}, {"voice", voice_json(s.voice)}, {"speed", 1.0}}}}},
+        {"output",
+         {{"format", audio_format(false)}, {"voice", voice_json(s.voice)}, {"speed", 1.0}}}}},
       {"tools", Json::array()},
       {"tool_choice", "auto"},
       {"max_output_tokens", "inf"},
@@ -147,19 +148,16 @@ Json assistant_item(const std::string& id, const char* status,
                     const std::optional<std::string>& transcript, bool beta) {
   Json content = Json::array();
   if (transcript) content.push_back(audio_part(*transcript, beta));
-  return Json{{"id", id},          {"object", "realtime.item"}, {"type", "message"},
-              {"status", status},  {"role", "assistant"},       {"content", std::move(content)}};
+  return Json{{"id", id},         {"object", "realtime.item"}, {"type", "message"},
+              {"status", status}, {"role", "assistant"},       {"content", std::move(content)}};
 }
 
 Json response_object(const std::string& id, const std::string& conversation_id, const char* status,
                      const Json& status_details, const Json& output, bool done,
                      const std::optional<std::string>& voice, bool beta) {
-  Json r{{"id", id},
-         {"object", "realtime.response"},
-         {"status", status},
-         {"status_details", status_details},
-         {"output", output},
-         {"conversation_id", conversation_id}};
+  Json r{{"id", id},         {"object", "realtime.response"},
+         {"status", status}, {"status_details", status_details},
+         {"output", output}, {"conversation_id", conversation_id}};
   if (beta) {
     r["modalities"] = Json::array({"audio", "text"});
     r["voice"] = voice_json(voice);

@@ -117,12 +117,12 @@ void RealtimeProtocol::send_session(const char* type) {
 
 void RealtimeProtocol::send_fatal(const char* code, const std::string& message) {
   Json ev = event("error");
-  ev["error"] = Json{{"type", std::strcmp(code, "bad_request") == 0 ? "invalid_request_error"
-                                                                     : "server_error"},
-                     {"code", code},
-                     {"message", realtime::clip_utf8(message, 4096)},
-                     {"param", nullptr},
-                     {"event_id", nullptr}};
+  ev["error"] = Json{
+      {"type", std::strcmp(code, "bad_request") == 0 ? "invalid_request_error" : "server_error"},
+      {"code", code},
+      {"message", realtime::clip_utf8(message, 4096)},
+      {"param", nullptr},
+      {"event_id", nullptr}};
   emit(ev);
 }
 
@@ -130,15 +130,16 @@ bool RealtimeProtocol::invalid(const std::string& code, const std::string& messa
                                const char* param) {
   hub_.metrics.ignored_message();
   Json ev = event("error");
-  ev["error"] = Json{{"type", "invalid_request_error"},
-                     {"code", code},
-                     {"message", message},
-                     {"param", param ? Json(param) : Json(nullptr)},
-                     {"event_id", client_event_id_.empty() ? Json(nullptr) : Json(client_event_id_)}};
+  ev["error"] =
+      Json{{"type", "invalid_request_error"},
+           {"code", code},
+           {"message", message},
+           {"param", param ? Json(param) : Json(nullptr)},
+           {"event_id", client_event_id_.empty() ? Json(nullptr) : Json(client_event_id_)}};
   emit(ev);
   if (++invalid_events_ >= kMaxInvalidEvents) {
-    core_->kill(SessionEnd::kSessionError, "too many invalid client events (" +
-                                               std::to_string(kMaxInvalidEvents) + ")");
+    core_->kill(SessionEnd::kSessionError,
+                "too many invalid client events (" + std::to_string(kMaxInvalidEvents) + ")");
     return false;
   }
   return true;
@@ -147,8 +148,7 @@ bool RealtimeProtocol::invalid(const std::string& code, const std::string& messa
 bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
   client_event_id_.clear();
   if (n > kMaxClientEventBytes)
-    return invalid("event_too_large", "client event of " + std::to_string(n) +
-                                          " bytes; at most " +
+    return invalid("event_too_large", "client event of " + std::to_string(n) + " bytes; at most " +
                                           std::to_string(kMaxClientEventBytes) + " bytes");
   if (too_deep(d, n)) return invalid("invalid_json", "client event nested too deeply");
   const Json j = Json::parse(d, d + n, nullptr, false);
@@ -168,10 +168,10 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
     const auto pcm = realtime::base64_decode(a->get_ref<const std::string&>());
     if (!pcm) return invalid("invalid_base64", "'audio' is not valid base64", "audio");
     if (pcm->size() % 2 != 0)
-      return invalid("invalid_audio_length",
-                     "'audio' must be 16-bit PCM: an even number of bytes, got " +
-                         std::to_string(pcm->size()),
-                     "audio");
+      return invalid(
+          "invalid_audio_length",
+          "'audio' must be 16-bit PCM: an even number of bytes, got " + std::to_string(pcm->size()),
+          "audio");
     if (pcm->empty()) return true;
     if (!core_->push_input(pcm->data(), pcm->size())) {
       core_->kill(SessionEnd::kInputOverflow,
@@ -204,8 +204,7 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
       type == "conversation.item.retrieve") {
     const Json* id = member(j, "item_id");
     if (!id || !id->is_string())
-      return invalid("missing_required_parameter", type + " without a string 'item_id'",
-                     "item_id");
+      return invalid("missing_required_parameter", type + " without a string 'item_id'", "item_id");
     const std::string item = realtime::clip_utf8(id->get<std::string>(), kMaxEchoBytes);
     if (type == "conversation.item.retrieve")  // items are not stored (Pipecat: not fatal)
       return invalid("item_retrieve_invalid_item_id", "items are not stored on this server",
@@ -312,8 +311,8 @@ void RealtimeProtocol::open_response() {
   open_ = true;
   const auto& names = realtime::event_names(beta_);
   Json ev = event("response.created");
-  ev["response"] = realtime::response_object(response_id_, conversation_id_, "in_progress",
-                                             nullptr, Json::array(), false, voice_, beta_);
+  ev["response"] = realtime::response_object(response_id_, conversation_id_, "in_progress", nullptr,
+                                             Json::array(), false, voice_, beta_);
   emit(ev);
   const Json item = realtime::assistant_item(item_id_, "in_progress", std::nullopt, beta_);
   ev = event(names.item_added);

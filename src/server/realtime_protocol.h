@@ -36,7 +36,7 @@ inline constexpr size_t kMaxBufferedInputSamples = 30 * 24000;
 // silent frames in a row, or after kMaxSegmentFrames frames.
 // Erring low: a threshold too high would drop quiet speech between responses, one too low only
 // makes responses end at kMaxSegmentFrames. (The tiny test model's output sits near 0.006.)
-inline constexpr float kSilenceRms = 0.003f;  // about -50 dBFS
+inline constexpr float kSilenceRms = 0.003f;    // about -50 dBFS
 inline constexpr int kSilentFramesToClose = 6;  // 480 ms
 inline constexpr int kMaxSegmentFrames = 50;    // 4 s
 

@@ -89,8 +89,8 @@ class Protocol {
   virtual bool ready(Clock::time_point now, SessionParams& p) = 0;
   // One queued input chunk into PCM. False when the session must end (`why`, `detail` set).
   virtual bool decode(const std::vector<uint8_t>& chunk, SessionEnd& why, std::string& detail) = 0;
-  virtual size_t available() const = 0;             // decoded samples not yet taken
-  virtual std::vector<float> take(size_t n) = 0;    // up to n samples (24 kHz mono)
+  virtual size_t available() const = 0;           // decoded samples not yet taken
+  virtual std::vector<float> take(size_t n) = 0;  // up to n samples (24 kHz mono)
   // Before the conversation starts: drops the decoded input it does not keep for the first frames.
   virtual void drop_early_input() { take(available()); }
   virtual void on_prompt_tick(Clock::time_point) {}  // while the system prompts run
