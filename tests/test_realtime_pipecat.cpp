@@ -67,8 +67,8 @@ std::optional<std::vector<uint8_t>> b64_decode(const std::string& s) {
         if (v[j] < 0) return std::nullopt;
       }
     }
-    const uint32_t w = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) |
-                       uint32_t(v[3]);
+    const uint32_t w =
+        (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
     out.push_back(uint8_t(w >> 16));
     if (pad < 2) out.push_back(uint8_t(w >> 8));
     if (pad < 1) out.push_back(uint8_t(w));
@@ -98,39 +98,72 @@ json append_event(const uint8_t* p, size_t n) {
 
 // Server event types Pipecat's parsers know. GA: pipecat/services/openai/realtime/events.py;
 // beta: the same file before 1.0 (and openai_realtime_beta/). Each dies on the other's names.
-const std::set<std::string> kGaTypes = {
-    "error", "session.created", "session.updated", "conversation.created",
-    "input_audio_buffer.committed", "input_audio_buffer.cleared",
-    "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-    "conversation.item.added", "conversation.item.done",
-    "conversation.item.input_audio_transcription.delta",
-    "conversation.item.input_audio_transcription.completed",
-    "conversation.item.input_audio_transcription.failed", "conversation.item.truncated",
-    "conversation.item.deleted", "conversation.item.retrieved", "response.created", "response.done",
-    "response.output_item.added", "response.output_item.done", "response.content_part.added",
-    "response.content_part.done", "response.output_text.delta", "response.output_text.done",
-    "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
-    "response.output_audio.delta", "response.output_audio.done",
-    "response.function_call_arguments.delta", "response.function_call_arguments.done",
-    "rate_limits.updated"};
-const std::set<std::string> kBetaTypes = {
-    "error", "session.created", "session.updated", "conversation.created",
-    "input_audio_buffer.committed", "input_audio_buffer.cleared",
-    "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-    "conversation.item.created", "conversation.item.input_audio_transcription.delta",
-    "conversation.item.input_audio_transcription.completed",
-    "conversation.item.input_audio_transcription.failed", "conversation.item.truncated",
-    "conversation.item.deleted", "conversation.item.retrieved", "response.created", "response.done",
-    "response.output_item.added", "response.output_item.done", "response.content_part.added",
-    "response.content_part.done", "response.text.delta", "response.text.done",
-    "response.audio_transcript.delta", "response.audio_transcript.done", "response.audio.delta",
-    "response.audio.done", "response.function_call_arguments.delta",
-    "response.function_call_arguments.done", "rate_limits.updated"};
+const std::set<std::string> kGaTypes = {"error",
+                                        "session.created",
+                                        "session.updated",
+                                        "conversation.created",
+                                        "input_audio_buffer.committed",
+                                        "input_audio_buffer.cleared",
+                                        "input_audio_buffer.speech_started",
+                                        "input_audio_buffer.speech_stopped",
+                                        "conversation.item.added",
+                                        "conversation.item.done",
+                                        "conversation.item.input_audio_transcription.delta",
+                                        "conversation.item.input_audio_transcription.completed",
+                                        "conversation.item.input_audio_transcription.failed",
+                                        "conversation.item.truncated",
+                                        "conversation.item.deleted",
+                                        "conversation.item.retrieved",
+                                        "response.created",
+                                        "response.done",
+                                        "response.output_item.added",
+                                        "response.output_item.done",
+                                        "response.content_part.added",
+                                        "response.content_part.done",
+                                        "response.output_text.delta",
+                                        "response.output_text.done",
+                                        "response.output_audio_transcript.delta",
+                                        "response.output_audio_transcript.done",
+                                        "response.output_audio.delta",
+                                        "response.output_audio.done",
+                                        "response.function_call_arguments.delta",
+                                        "response.function_call_arguments.done",
+                                        "rate_limits.updated"};
+const std::set<std::string> kBetaTypes = {"error",
+                                          "session.created",
+                                          "session.updated",
+                                          "conversation.created",
+                                          "input_audio_buffer.committed",
+                                          "input_audio_buffer.cleared",
+                                          "input_audio_buffer.speech_started",
+                                          "input_audio_buffer.speech_stopped",
+                                          "conversation.item.created",
+                                          "conversation.item.input_audio_transcription.delta",
+                                          "conversation.item.input_audio_transcription.completed",
+                                          "conversation.item.input_audio_transcription.failed",
+                                          "conversation.item.truncated",
+                                          "conversation.item.deleted",
+                                          "conversation.item.retrieved",
+                                          "response.created",
+                                          "response.done",
+                                          "response.output_item.added",
+                                          "response.output_item.done",
+                                          "response.content_part.added",
+                                          "response.content_part.done",
+                                          "response.text.delta",
+                                          "response.text.done",
+                                          "response.audio_transcript.delta",
+                                          "response.audio_transcript.done",
+                                          "response.audio.delta",
+                                          "response.audio.done",
+                                          "response.function_call_arguments.delta",
+                                          "response.function_call_arguments.done",
+                                          "rate_limits.updated"};
 
 // Error codes Pipecat logs and survives; any other error event ends its receive loop.
-const std::set<std::string> kPipecatToleratedErrors = {
-    "response_cancel_not_active", "conversation_already_has_active_response",
-    "item_retrieve_invalid_item_id"};
+const std::set<std::string> kPipecatToleratedErrors = {"response_cancel_not_active",
+                                                       "conversation_already_has_active_response",
+                                                       "item_retrieve_invalid_item_id"};
 
 class EventValidator {
  public:
@@ -149,15 +182,22 @@ class EventValidator {
   std::string transcript_done() const {
     return beta_ ? "response.audio_transcript.done" : "response.output_audio_transcript.done";
   }
-  std::string text_delta() const { return beta_ ? "response.text.delta" : "response.output_text.delta"; }
-  std::string text_done() const { return beta_ ? "response.text.done" : "response.output_text.done"; }
-  std::string item_added() const { return beta_ ? "conversation.item.created" : "conversation.item.added"; }
+  std::string text_delta() const {
+    return beta_ ? "response.text.delta" : "response.output_text.delta";
+  }
+  std::string text_done() const {
+    return beta_ ? "response.text.done" : "response.output_text.done";
+  }
+  std::string item_added() const {
+    return beta_ ? "conversation.item.created" : "conversation.item.added";
+  }
 
   // Checks one raw server message; returns the parsed event (null when it is not JSON).
   json check(const std::string& raw) {
     ++count_;
     const std::string at = "event #" + std::to_string(count_);
-    if (raw.size() >= kMaxEventBytes) bad(at + ": " + std::to_string(raw.size()) + " bytes (limit 256 KiB)");
+    if (raw.size() >= kMaxEventBytes)
+      bad(at + ": " + std::to_string(raw.size()) + " bytes (limit 256 KiB)");
     json e = json::parse(raw, nullptr, false);
     if (e.is_discarded() || !e.is_object()) {
       bad(at + ": not a JSON object: " + raw.substr(0, 200));
@@ -171,7 +211,8 @@ class EventValidator {
     if (id.empty()) bad(where + ": empty event_id");
     if (!ids_.insert(id).second) bad(where + ": event_id " + id + " repeated");
     types_.push_back(type);
-    if (count_ == 1 && type != "session.created") bad(where + ": the first event must be session.created");
+    if (count_ == 1 && type != "session.created")
+      bad(where + ": the first event must be session.created");
 
     if (type == "session.created" || type == "session.updated") {
       session(e, where);
@@ -210,7 +251,8 @@ class EventValidator {
         if (status == "in_progress") bad(where + ": response.done with status in_progress");
         for (const auto& it : e["response"]["output"])
           if (it.is_object() && it.value("id", "") != open_->item && !open_->item.empty())
-            bad(where + ": output item " + it.value("id", "") + " is not the response's item " + open_->item);
+            bad(where + ": output item " + it.value("id", "") + " is not the response's item " +
+                open_->item);
         done_.push_back(*open_);
         closed_ids_.insert(open_->id);
         open_.reset();
@@ -222,7 +264,8 @@ class EventValidator {
         if (!open_) {
           bad(where + ": an assistant item outside a response");
         } else if (type == item_added()) {
-          if (!open_->item.empty()) bad(where + ": a second assistant item in response " + open_->id);
+          if (!open_->item.empty())
+            bad(where + ": a second assistant item in response " + open_->id);
           open_->item = e["item"].value("id", "");
           open_->steps.push_back(type);
           if (!beta_ && e["item"].value("status", "") != "in_progress")
@@ -245,7 +288,8 @@ class EventValidator {
                type == audio_done() || type == transcript_done() || type == text_done()) {
       for (const char* k : {"response_id", "item_id"}) str(e, k, where);
       for (const char* k : {"output_index", "content_index"}) integer(e, k, where);
-      if (type == audio_delta() || type == transcript_delta() || type == text_delta()) str(e, "delta", where);
+      if (type == audio_delta() || type == transcript_delta() || type == text_delta())
+        str(e, "delta", where);
       if (type == transcript_done()) str(e, "transcript", where);
       if (type == text_done()) str(e, "text", where);
       in_response(e, where, e.value("item_id", ""));
@@ -254,7 +298,8 @@ class EventValidator {
         if (!pcm) {
           bad(where + ": delta is not base64");
         } else {
-          if (pcm->empty() || pcm->size() % 2) bad(where + ": " + std::to_string(pcm->size()) + " audio bytes (must be even, > 0)");
+          if (pcm->empty() || pcm->size() % 2)
+            bad(where + ": " + std::to_string(pcm->size()) + " audio bytes (must be even, > 0)");
           audio_samples_ += pcm->size() / 2;
           ++audio_deltas_;
         }
@@ -268,7 +313,8 @@ class EventValidator {
     } else if (type == "input_audio_buffer.speech_started") {
       integer(e, "audio_start_ms", where);
       str(e, "item_id", where);
-      if (open_) bad(where + ": speech_started while response " + open_->id + " is open (close it first)");
+      if (open_)
+        bad(where + ": speech_started while response " + open_->id + " is open (close it first)");
     } else if (type == "input_audio_buffer.speech_stopped") {
       integer(e, "audio_end_ms", where);
       str(e, "item_id", where);
@@ -287,9 +333,11 @@ class EventValidator {
       str(e, "item_id", where);
       integer(e, "content_index", where);
       if (type.size() > 6 && type.substr(type.size() - 6) == ".delta") str(e, "delta", where);
-      if (type.size() > 10 && type.substr(type.size() - 10) == ".completed") str(e, "transcript", where);
+      if (type.size() > 10 && type.substr(type.size() - 10) == ".completed")
+        str(e, "transcript", where);
     } else if (type == "rate_limits.updated") {
-      if (!e.contains("rate_limits") || !e["rate_limits"].is_array()) bad(where + ": rate_limits is not a list");
+      if (!e.contains("rate_limits") || !e["rate_limits"].is_array())
+        bad(where + ": rate_limits is not a list");
     } else if (type.rfind("response.function_call_arguments.", 0) == 0) {
       for (const char* k : {"response_id", "item_id", "call_id"}) str(e, k, where);
     }
@@ -367,8 +415,8 @@ class EventValidator {
     }
     return true;
   }
-  void one_of(const json& o, const char* k, const std::set<std::string>& allowed, const std::string& where,
-              bool nullable = true) {
+  void one_of(const json& o, const char* k, const std::set<std::string>& allowed,
+              const std::string& where, bool nullable = true) {
     if (!o.is_object() || !o.contains(k) || (nullable && o[k].is_null())) return;
     if (!o[k].is_string() || !allowed.count(o[k].get<std::string>()))
       bad(where + ": " + k + " = " + o[k].dump() + " is not allowed");
@@ -376,8 +424,11 @@ class EventValidator {
 
   void content(const json& c, const std::string& where) {
     if (!c.is_object()) return bad(where + ": content part is not an object");
-    if (!c.contains("type") || !c["type"].is_string()) return bad(where + ": content part without type");
-    one_of(c, "type", {"text", "audio", "input_text", "input_audio", "input_image", "output_text", "output_audio"},
+    if (!c.contains("type") || !c["type"].is_string())
+      return bad(where + ": content part without type");
+    one_of(c, "type",
+           {"text", "audio", "input_text", "input_audio", "input_image", "output_text",
+            "output_audio"},
            where, false);
     for (const char* k : {"text", "audio", "transcript"}) opt_str(c, k, where + " content");
   }
@@ -398,17 +449,21 @@ class EventValidator {
   }
   void usage(const json& u, const std::string& where) {
     if (!u.is_object()) return bad(where + ": usage missing or not an object");
-    for (const char* k : {"total_tokens", "input_tokens", "output_tokens"}) integer(u, k, where + " usage");
+    for (const char* k : {"total_tokens", "input_tokens", "output_tokens"})
+      integer(u, k, where + " usage");
     for (const char* k : {"input_token_details", "output_token_details"})
-      if (!u.contains(k) || !u[k].is_object()) bad(where + ": usage." + k + " missing or not an object");
+      if (!u.contains(k) || !u[k].is_object())
+        bad(where + ": usage." + k + " missing or not an object");
   }
   void response(const json& e, const std::string& where, bool done) {
     if (!obj(e, "response", where)) return;
     const json& r = e["response"];
     str(r, "id", where + " response");
-    if (r.value("object", "") != "realtime.response") bad(where + ": response.object must be realtime.response");
+    if (r.value("object", "") != "realtime.response")
+      bad(where + ": response.object must be realtime.response");
     if (!r.contains("status")) bad(where + ": response.status missing");
-    one_of(r, "status", {"completed", "in_progress", "incomplete", "cancelled", "failed"}, where, false);
+    one_of(r, "status", {"completed", "in_progress", "incomplete", "cancelled", "failed"}, where,
+           false);
     if (!r.contains("status_details")) bad(where + ": response.status_details key missing");
     if (!r.contains("output") || !r["output"].is_array()) {
       bad(where + ": response.output missing or not a list");
@@ -434,47 +489,63 @@ class EventValidator {
   void session(const json& e, const std::string& where) {
     if (!obj(e, "session", where)) return;
     const json& s = e["session"];
-    if (!beta_ && s.value("type", "") != "realtime") bad(where + ": session.type must be \"realtime\"");
+    if (!beta_ && s.value("type", "") != "realtime")
+      bad(where + ": session.type must be \"realtime\"");
     if (s.contains("object") && !s["object"].is_null() && s["object"] != "realtime.session")
       bad(where + ": session.object must be realtime.session");
     opt_str(s, "id", where + " session");
     opt_str(s, "model", where + " session");
     opt_str(s, "instructions", where + " session");
     if (s.contains("tool_choice") && !s["tool_choice"].is_null()) {
-      if (!s["tool_choice"].is_string()) bad(where + ": tool_choice must be a string");
-      else one_of(s, "tool_choice", {"auto", "none", "required"}, where);
+      if (!s["tool_choice"].is_string())
+        bad(where + ": tool_choice must be a string");
+      else
+        one_of(s, "tool_choice", {"auto", "none", "required"}, where);
     }
-    if (s.contains("tools") && !s["tools"].is_null() && !s["tools"].is_array()) bad(where + ": tools is not a list");
+    if (s.contains("tools") && !s["tools"].is_null() && !s["tools"].is_array())
+      bad(where + ": tools is not a list");
     if (s.contains("max_output_tokens") && !s["max_output_tokens"].is_null() &&
         !s["max_output_tokens"].is_number_integer() && s["max_output_tokens"] != "inf")
       bad(where + ": max_output_tokens must be an integer or \"inf\"");
-    if (s.contains("expires_at") && !s["expires_at"].is_null() && !s["expires_at"].is_number_integer())
+    if (s.contains("expires_at") && !s["expires_at"].is_null() &&
+        !s["expires_at"].is_number_integer())
       bad(where + ": expires_at must be an integer");
     if (beta_) {
-      if (s.contains("modalities") && !s["modalities"].is_null()) modalities(s["modalities"], where);
+      if (s.contains("modalities") && !s["modalities"].is_null())
+        modalities(s["modalities"], where);
       for (const char* k : {"input_audio_format", "output_audio_format"})
-        if (s.contains(k) && !s[k].is_null() && s[k] != "pcm16") bad(where + ": " + k + " must be pcm16");
+        if (s.contains(k) && !s[k].is_null() && s[k] != "pcm16")
+          bad(where + ": " + k + " must be pcm16");
       opt_str(s, "voice", where);
       return;
     }
-    if (s.contains("output_modalities") && !s["output_modalities"].is_null()) modalities(s["output_modalities"], where);
+    if (s.contains("output_modalities") && !s["output_modalities"].is_null())
+      modalities(s["output_modalities"], where);
     if (s.contains("audio") && !s["audio"].is_null()) {
       const json& a = s["audio"];
       if (!a.is_object()) return bad(where + ": audio is not an object");
       if (a.contains("input") && a["input"].is_object()) {
         const json& in = a["input"];
         if (in.contains("format")) format(in["format"], where + " audio.input");
-        if (in.contains("turn_detection") && !in["turn_detection"].is_null() && !in["turn_detection"].is_boolean()) {
-          if (!in["turn_detection"].is_object()) bad(where + ": turn_detection must be an object, a bool or null");
-          else one_of(in["turn_detection"], "type", {"server_vad", "semantic_vad"}, where + " turn_detection");
+        if (in.contains("turn_detection") && !in["turn_detection"].is_null() &&
+            !in["turn_detection"].is_boolean()) {
+          if (!in["turn_detection"].is_object())
+            bad(where + ": turn_detection must be an object, a bool or null");
+          else
+            one_of(in["turn_detection"], "type", {"server_vad", "semantic_vad"},
+                   where + " turn_detection");
         }
         if (in.contains("transcription") && !in["transcription"].is_null()) {
-          if (!in["transcription"].is_object()) bad(where + ": transcription must be an object or null");
-          else opt_str(in["transcription"], "model", where + " transcription");
+          if (!in["transcription"].is_object())
+            bad(where + ": transcription must be an object or null");
+          else
+            opt_str(in["transcription"], "model", where + " transcription");
         }
         if (in.contains("noise_reduction") && !in["noise_reduction"].is_null()) {
-          if (!in["noise_reduction"].is_object()) bad(where + ": noise_reduction must be an object or null");
-          else one_of(in["noise_reduction"], "type", {"near_field", "far_field"}, where);
+          if (!in["noise_reduction"].is_object())
+            bad(where + ": noise_reduction must be an object or null");
+          else
+            one_of(in["noise_reduction"], "type", {"near_field", "far_field"}, where);
         }
       }
       if (a.contains("output") && a["output"].is_object()) {
@@ -490,12 +561,16 @@ class EventValidator {
   void in_response(const json& e, const std::string& where, const std::string& item_id) {
     const std::string rid = e.value("response_id", "");
     if (!open_) {
-      bad(where + (closed_ids_.count(rid) ? ": after its response.done" : ": outside any response"));
+      bad(where +
+          (closed_ids_.count(rid) ? ": after its response.done" : ": outside any response"));
       return;
     }
-    if (rid != open_->id) bad(where + ": response_id " + rid + ", the open response is " + open_->id);
-    if (open_->item.empty()) bad(where + ": before the response's assistant item was added");
-    else if (item_id != open_->item) bad(where + ": item_id " + item_id + ", the response's item is " + open_->item);
+    if (rid != open_->id)
+      bad(where + ": response_id " + rid + ", the open response is " + open_->id);
+    if (open_->item.empty())
+      bad(where + ": before the response's assistant item was added");
+    else if (item_id != open_->item)
+      bad(where + ": item_id " + item_id + ", the response's item is " + open_->item);
   }
 
   bool beta_;
@@ -687,24 +762,32 @@ class PipecatReplayTest : public ServerTest {
                     {"voice", "alloy"},
                     {"input_audio_format", "pcm16"},
                     {"output_audio_format", "pcm16"},
-                    {"turn_detection", {{"type", "server_vad"}, {"threshold", 0.5},
-                                        {"prefix_padding_ms", 300}, {"silence_duration_ms", 500}}}};
-      json s = {{"type", "realtime"}, {"model", "gpt-realtime-2"}, {"instructions", "You are a tester."}};
+                    {"turn_detection",
+                     {{"type", "server_vad"},
+                      {"threshold", 0.5},
+                      {"prefix_padding_ms", 300},
+                      {"silence_duration_ms", 500}}}};
+      json s = {
+          {"type", "realtime"}, {"model", "gpt-realtime-2"}, {"instructions", "You are a tester."}};
       if (second) {  // what an app with settings sends: formats, VAD, transcription, tool choice
         s["output_modalities"] = {"audio"};
-        s["audio"] = {{"input", {{"format", {{"type", "audio/pcm"}, {"rate", 24000}}},
-                                 {"transcription", {{"model", "gpt-realtime-whisper"}}},
-                                 {"noise_reduction", {{"type", "near_field"}}},
-                                 {"turn_detection", {{"type", "semantic_vad"}}}}},
-                      {"output", {{"format", {{"type", "audio/pcm"}, {"rate", 24000}}},
-                                  {"voice", "alloy"}, {"speed", 1.0}}}};
+        s["audio"] = {{"input",
+                       {{"format", {{"type", "audio/pcm"}, {"rate", 24000}}},
+                        {"transcription", {{"model", "gpt-realtime-whisper"}}},
+                        {"noise_reduction", {{"type", "near_field"}}},
+                        {"turn_detection", {{"type", "semantic_vad"}}}}},
+                      {"output",
+                       {{"format", {{"type", "audio/pcm"}, {"rate", 24000}}},
+                        {"voice", "alloy"},
+                        {"speed", 1.0}}}};
         s["tool_choice"] = "auto";
         s["tools"] = json::array();
       }
       return s;
     };
     auto update = [&](bool second) {
-      c.send({{"type", "session.update"}, {"event_id", "evt_upd" + std::to_string(r.updates_sent)},
+      c.send({{"type", "session.update"},
+              {"event_id", "evt_upd" + std::to_string(r.updates_sent)},
               {"session", session_props(second)}});
       ++r.updates_sent;
     };
@@ -718,11 +801,17 @@ class PipecatReplayTest : public ServerTest {
             updated_once = true;
             // The app's first context: its messages as items, another update, response.create.
             c.send({{"type", "conversation.item.create"},
-                    {"item", {{"id", "ctx_user_1"}, {"type", "message"}, {"role", "user"},
-                              {"content", {{{"type", "input_text"}, {"text", "Hello there."}}}}}}});
+                    {"item",
+                     {{"id", "ctx_user_1"},
+                      {"type", "message"},
+                      {"role", "user"},
+                      {"content", {{{"type", "input_text"}, {"text", "Hello there."}}}}}}});
             c.send({{"type", "conversation.item.create"},
-                    {"item", {{"id", "ctx_asst_1"}, {"type", "message"}, {"role", "assistant"},
-                              {"content", {{{"type", beta ? "text" : "output_text"}, {"text", "Hi!"}}}}}}});
+                    {"item",
+                     {{"id", "ctx_asst_1"},
+                      {"type", "message"},
+                      {"role", "assistant"},
+                      {"content", {{{"type", beta ? "text" : "output_text"}, {"text", "Hi!"}}}}}}});
             update(true);
             c.send({{"type", "response.create"},
                     {"response", beta ? json{{"modalities", {"audio", "text"}}}
@@ -732,12 +821,15 @@ class PipecatReplayTest : public ServerTest {
           if (type == r.v.audio_delta()) {
             const auto pcm_out = b64_decode(e.value("delta", ""));
             if (pcm_out) out_samples += pcm_out->size() / 2;
-            max_ahead = std::max(max_ahead, static_cast<long>(out_samples) - static_cast<long>(r.sent_samples));
+            max_ahead = std::max(
+                max_ahead, static_cast<long>(out_samples) - static_cast<long>(r.sent_samples));
           }
           if (type == "input_audio_buffer.speech_started") {  // Pipecat truncates what it played
             const std::string item = r.v.current_item();
             if (!item.empty())
-              c.send({{"type", "conversation.item.truncate"}, {"item_id", item}, {"content_index", 0},
+              c.send({{"type", "conversation.item.truncate"},
+                      {"item_id", item},
+                      {"content_index", 0},
                       {"audio_end_ms", 200}});
           }
         },
@@ -751,8 +843,11 @@ class PipecatReplayTest : public ServerTest {
           if (context_sent && (k == 150 || k == 260)) {
             const std::string item = r.v.current_item();
             if (!item.empty())
-              c.send({{"type", "conversation.item.truncate"}, {"event_id", "evt_trunc" + std::to_string(k)},
-                      {"item_id", item}, {"content_index", 0}, {"audio_end_ms", 400}});
+              c.send({{"type", "conversation.item.truncate"},
+                      {"event_id", "evt_trunc" + std::to_string(k)},
+                      {"item_id", item},
+                      {"content_index", 0},
+                      {"audio_end_ms", 400}});
           }
           // Turn detection off on the Pipecat side: commit + response.create at the end of a user
           // turn; on interruption clear, re-append the last 0.5 s, response.cancel.
@@ -777,10 +872,12 @@ class PipecatReplayTest : public ServerTest {
     r.closed_cleanly = c.clean_close();
     r.close_error = c.close_error().message();
     if (max_ahead > kFrame)
-      r.problems.push_back("audio out ran " + std::to_string(max_ahead) + " samples ahead of audio in");
+      r.problems.push_back("audio out ran " + std::to_string(max_ahead) +
+                           " samples ahead of audio in");
     if (out_samples + 2 * kFrame < r.samples_after_updated)
       r.problems.push_back("only " + std::to_string(out_samples) + " samples of audio out for " +
-                           std::to_string(r.samples_after_updated) + " appended after session.updated");
+                           std::to_string(r.samples_after_updated) +
+                           " appended after session.updated");
     if (!context_sent) r.problems.push_back("session.updated never came");
     return r;
   }
@@ -790,7 +887,8 @@ class PipecatReplayTest : public ServerTest {
     for (const auto& p : r.problems) ADD_FAILURE() << p;
     EXPECT_FALSE(r.closed_by_server) << "the server closed the conversation";
     EXPECT_EQ(r.v.count("session.created"), 1);
-    EXPECT_EQ(r.v.count("session.updated"), r.updates_sent) << "every session.update gets session.updated";
+    EXPECT_EQ(r.v.count("session.updated"), r.updates_sent)
+        << "every session.update gets session.updated";
     EXPECT_EQ(r.v.fatal_errors(), 0) << "an error event Pipecat treats as fatal";
     EXPECT_GE(r.v.complete_lifecycles(), 1) << r.v.lifecycles();
     EXPECT_GE(r.v.transcript_deltas(), 1) << "no transcript deltas";
@@ -799,8 +897,8 @@ class PipecatReplayTest : public ServerTest {
     std::cout << "events: " << r.v.audio_deltas() << " audio deltas ("
               << r.v.audio_samples() / double(kRate) << " s for " << r.sent_samples / double(kRate)
               << " s in), " << r.v.transcript_deltas() << " transcript deltas, "
-              << r.v.complete_lifecycles() << " complete responses; transcript: "
-              << r.v.transcript().substr(0, 120) << "\n";
+              << r.v.complete_lifecycles()
+              << " complete responses; transcript: " << r.v.transcript().substr(0, 120) << "\n";
   }
 };
 
@@ -850,13 +948,15 @@ MalformedResult send_malformed(uint16_t port, const std::vector<std::string>& ba
         if (e.is_null()) return;
         const std::string type = e.value("type", "");
         if (type == "session.created")
-          c.send({{"type", "session.update"}, {"session", {{"type", "realtime"}, {"instructions", "hi"}}}});
+          c.send({{"type", "session.update"},
+                  {"session", {{"type", "realtime"}, {"instructions", "hi"}}}});
         if (type == "session.updated" && started_at < 0) started_at = 0;
         if (type == "error") {
           ++m.errors;
-          m.error_types.push_back(e["error"].value("type", "") + "/" +
-                                  (e["error"]["code"].is_string() ? e["error"]["code"].get<std::string>() : "") +
-                                  ": " + e["error"].value("message", ""));
+          m.error_types.push_back(
+              e["error"].value("type", "") + "/" +
+              (e["error"]["code"].is_string() ? e["error"]["code"].get<std::string>() : "") + ": " +
+              e["error"].value("message", ""));
         }
         if (type == "response.output_audio.delta" && tail_from >= 0) ++m.deltas_after;
       },
@@ -872,7 +972,8 @@ MalformedResult send_malformed(uint16_t port, const std::vector<std::string>& ba
         }
         if (tail_from >= 0 && k >= tail_from + static_cast<int>(tail_s * 50)) c.stop();
       },
-      std::chrono::milliseconds(static_cast<int>((tail_s + 0.3 * static_cast<double>(bad.size())) * 1000) + 20000));
+      std::chrono::milliseconds(
+          static_cast<int>((tail_s + 0.3 * static_cast<double>(bad.size())) * 1000) + 20000));
   m.closed = c.server_closed();
   m.problems = v.report();
   return m;
@@ -913,7 +1014,7 @@ TEST_F(PipecatReplayTest, OversizedEventsGetAnErrorThenACleanClose) {
   int errors = 0, deltas_after_error = 0;
   std::string error_code;
   const std::vector<uint8_t> pcm = speech_pcm16(6.0);
-  std::vector<uint8_t> big(3 << 19, 0);  // 1.5 MiB of PCM: 2 MiB of base64 in one event
+  std::vector<uint8_t> big(3 << 19, 0);    // 1.5 MiB of PCM: 2 MiB of base64 in one event
   std::vector<uint8_t> huge(15 << 18, 0);  // 3.75 MiB of PCM: 5 MiB of base64
   bool huge_sent = false;
   c.run(
@@ -960,20 +1061,24 @@ TEST_F(PipecatReplayTest, ChatSessionIsUnaffectedByAMisbehavingRealtimeClient) {
   std::thread t([&] {
     Client cc;
     if (!cc.connect(port_, chat())) return;
-    chat_ex = cc.run(msgs, 80ms, [&](const Exchange& e) { return e.audio_msgs >= 2 + 50; }, 30s);
+    chat_ex = cc.run(
+        msgs, 80ms, [&](const Exchange& e) { return e.audio_msgs >= 2 + 50; }, 30s);
     cc.drop();
   });
   std::this_thread::sleep_for(300ms);
   const MalformedResult m = send_malformed(
-      port_, {"{{{", R"({"type":"bogus"})", R"({"type":"input_audio_buffer.append","audio":"%%%"})"}, 1.0);
+      port_,
+      {"{{{", R"({"type":"bogus"})", R"({"type":"input_audio_buffer.append","audio":"%%%"})"}, 1.0);
   RtClient big;
   if (big.connect(port_, "/v1/realtime") == 101) {
     std::vector<uint8_t> large(3 << 19, 0), huge(15 << 18, 0);  // 2 and 5 MiB as base64
-    big.run([&](const std::string&) {}, [&](int k) {
-      if (k == 5) big.send(append_event(large.data(), large.size()));
-      if (k == 10) big.send(append_event(huge.data(), huge.size()));
-      if (k == 100) big.stop();
-    }, 10s);
+    big.run([&](const std::string&) {},
+            [&](int k) {
+              if (k == 5) big.send(append_event(large.data(), large.size()));
+              if (k == 10) big.send(append_event(huge.data(), huge.size()));
+              if (k == 100) big.stop();
+            },
+            10s);
     EXPECT_TRUE(big.server_closed());
   }
   t.join();
@@ -989,13 +1094,16 @@ TEST_F(PipecatReplayTest, ChatSessionIsUnaffectedByAMisbehavingRealtimeClient) {
 TEST_F(PipecatReplayTest, ApiKeyAsBearerHeader) {
   start(1, 5.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.api_key = "sekret"; });
   EXPECT_EQ(upgrade_status(port_, "/v1/realtime?model=m"), 401);
-  EXPECT_EQ(upgrade_status(port_, "/v1/realtime?model=m", {{"Authorization", "Bearer wrong"}}), 401);
+  EXPECT_EQ(upgrade_status(port_, "/v1/realtime?model=m", {{"Authorization", "Bearer wrong"}}),
+            401);
   RtClient c;
   ASSERT_EQ(c.connect(port_, "/v1/realtime?model=m", {{"Authorization", "Bearer sekret"}}), 101);
   EventValidator v(false);
-  c.run([&](const std::string& raw) {
-    if (v.check(raw).value("type", "") == "session.created") c.stop();
-  }, {}, 10s);
+  c.run(
+      [&](const std::string& raw) {
+        if (v.check(raw).value("type", "") == "session.created") c.stop();
+      },
+      {}, 10s);
   EXPECT_EQ(v.count("session.created"), 1);
   EXPECT_TRUE(v.problems().empty()) << v.report();
   EXPECT_TRUE(c.clean_close());
