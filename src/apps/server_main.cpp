@@ -28,7 +28,8 @@ void raise_fd_limit() {
 }
 
 int serve(int argc, char** argv) {
-  CLI::App app{"PersonaPlex real-time speech-to-speech server (WebSocket /api/chat)"};
+  CLI::App app{
+      "PersonaPlex real-time speech-to-speech server (WebSocket /api/chat and /v1/realtime)"};
   ppx::app::ModelFlags mf;
   mf.add_to(app);
   ppx::server::ServerOptions o;
@@ -44,8 +45,9 @@ int serve(int argc, char** argv) {
   app.add_option("--static", o.static_dir,
                  "serve the files of this directory at GET /<path> (optional)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--idle-timeout", o.idle_timeout_s,
-                 "drop a chat client that sends no audio for this many seconds")
+  app.add_option(
+         "--idle-timeout", o.idle_timeout_s,
+         "drop a client (/api/chat, /v1/realtime) that sends no audio for this many seconds")
       ->capture_default_str()
       ->check(CLI::Range(0.5, 3600.0));
   app.add_option("--io-threads", o.io_threads, "network threads")
@@ -56,7 +58,8 @@ int serve(int argc, char** argv) {
                  "close (default: 4 per session slot + 64, within the file-descriptor limit)")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--api-key", o.api_key,
-                 "require this key on /api/* (query api_key=KEY or Authorization: Bearer KEY); "
+                 "require this key on /api/* and /v1/realtime (query api_key=KEY or Authorization: "
+                 "Bearer KEY); "
                  "/health stays open")
       ->envname("PERSONAPLEX_API_KEY");
   app.add_flag("--metrics-auth", o.metrics_auth, "/metrics requires the API key too");
