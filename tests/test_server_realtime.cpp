@@ -472,6 +472,7 @@ TEST_F(RealtimeServerTest, MalformedEventsGetErrorsAndTheSessionGoesOn) {
         if (e.type() == "session.created") {
           for (const auto& [m, code] : bad) cl.send(m);
           for (const auto& [m, reply] : turn_based) cl.send(m);
+          cl.send(R"({"type":"conversation.item.retrieve","item_id":"item_x"})");
           for (
               const char* quiet :
               {R"({"type":"response.create"})", R"({"type":"response.cancel"})",
@@ -490,7 +491,8 @@ TEST_F(RealtimeServerTest, MalformedEventsGetErrorsAndTheSessionGoesOn) {
   std::vector<Json> errors;
   for (const auto& e : c.events)
     if (e.type() == "error") errors.push_back(e.j["error"]);
-  ASSERT_EQ(errors.size(), bad.size());
+  ASSERT_EQ(errors.size(), bad.size() + 1);  // + the answer to conversation.item.retrieve
+  EXPECT_EQ(errors.back()["code"], "item_retrieve_invalid_item_id");
   for (size_t i = 0; i < bad.size(); ++i) {
     EXPECT_EQ(errors[i]["type"], "invalid_request_error");
     EXPECT_EQ(errors[i]["code"], bad[i].second) << i;

@@ -127,8 +127,7 @@ void RealtimeProtocol::send_fatal(const char* code, const std::string& message) 
 }
 
 bool RealtimeProtocol::invalid(const std::string& code, const std::string& message,
-                               const char* param) {
-  hub_.metrics.ignored_message();
+                               const char* param, bool counts) {
   Json ev = event("error");
   ev["error"] =
       Json{{"type", "invalid_request_error"},
@@ -137,6 +136,8 @@ bool RealtimeProtocol::invalid(const std::string& code, const std::string& messa
            {"param", param ? Json(param) : Json(nullptr)},
            {"event_id", client_event_id_.empty() ? Json(nullptr) : Json(client_event_id_)}};
   emit(ev);
+  if (!counts) return true;
+  hub_.metrics.ignored_message();
   if (++invalid_events_ >= kMaxInvalidEvents) {
     core_->kill(SessionEnd::kSessionError,
                 "too many invalid client events (" + std::to_string(kMaxInvalidEvents) + ")");
@@ -208,7 +209,7 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
     const std::string item = realtime::clip_utf8(id->get<std::string>(), kMaxEchoBytes);
     if (type == "conversation.item.retrieve")  // items are not stored (Pipecat: not fatal)
       return invalid("item_retrieve_invalid_item_id", "items are not stored on this server",
-                     "item_id");
+                     "item_id", false);
     Json ev = event(type == "conversation.item.truncate" ? "conversation.item.truncated"
                                                          : "conversation.item.deleted");
     ev["item_id"] = item;

@@ -65,8 +65,10 @@ class RealtimeProtocol final : public Protocol {
   using Json = realtime::Json;
   Json event(const char* type);  // {type, event_id}
   void emit(const Json& ev);
-  // Strand side. One error event; false once the invalid-event limit ends the session.
-  bool invalid(const std::string& code, const std::string& message, const char* param = nullptr);
+  // Strand side. One error event; false once the invalid-event limit ends the session. An error
+  // that is an answer (`counts` false: retrieve of an unknown item) is not counted.
+  bool invalid(const std::string& code, const std::string& message, const char* param = nullptr,
+               bool counts = true);
   void apply_session_update(const Json& session);  // under mu_
   void send_session(const char* type);
   // Worker side: response lifecycle.
