@@ -1,11 +1,37 @@
 // The WebSocket server end to end on 127.0.0.1 with the embedded tiny demo model: a real
 // conversation over /api/chat (Ogg Opus both ways), the HTTP routes, and hostile clients. Each test
 // starts its own in-process server on a free port (tests/server_test_util.h).
+#include <atomic>
+#include <memory>
+
 #include "server_test_util.h"
 
 namespace {
 
 using namespace ppx::server_test;
+
+double metric(const std::string& metrics, const std::string& series) {
+  const size_t at = metrics.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 2));
+}
+
+// The whole answer (status, headers, body) to a WebSocket upgrade request for `target`.
+http::response<http::string_body> upgrade_response(uint16_t port, const std::string& target) {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::connection, "Upgrade");
+  req.set(http::field::upgrade, "websocket");
+  req.set(http::field::sec_websocket_version, "13");
+  req.set(http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
+  http::write(s, req);
+  beast::flat_buffer b;
+  http::response<http::string_body> res;
+  http::read(s, b, res);
+  return res;
+}
 
 TEST_F(ServerTest, HealthAndVoices) {
   int status = 0;
@@ -161,12 +187,19 @@ TEST_F(ServerTest, OversizedMessageClosesTheConnection) {
 }
 
 TEST_F(ServerTest, RapidConnectDisconnect) {
+  int connected = 0;
   for (int i = 0; i < 50; ++i) {
     Client c;
-    ASSERT_TRUE(c.connect(port_, chat()));
-    // Usually during the system prompts, or while the previous one still holds the slot.
+    // While the previous client's session still holds the only slot, the upgrade is refused
+    // (HTTP 503, a declined handshake); otherwise the client leaves during the system prompts.
+    if (!c.connect(port_, chat())) continue;
+    ++connected;
     if (i % 2) c.reset(); else c.drop();
   }
+  EXPECT_GE(connected, 1);
+  const std::string m = http_get(port_, "/metrics");
+  // Each refused upgrade counts as busy (and so may a connected client that lost the slot race).
+  EXPECT_GE(metric(m, "personaplex_rejected_total{reason=\"busy\"}"), 50.0 - connected) << m;
   expect_healthy();
 }
 
@@ -259,20 +292,108 @@ TEST_F(ServerTest, ClientVanishesMidStream) {
   expect_healthy();
 }
 
-TEST_F(ServerTest, SecondClientGetsBusyError) {
+// With every slot in use the upgrade is refused before it happens (503 + Retry-After: 1 and a
+// JSON reason), so that a load balancer can try another server; once the session leaves a new one
+// gets in.
+TEST_F(ServerTest, UpgradeIsRefusedWith503WhenEverySlotIsInUse) {
   Client a;
   ASSERT_TRUE(a.connect(port_, chat()));
   ASSERT_TRUE(a.run(
                    {}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s)
                   .handshake);
-  Client b;
-  ASSERT_TRUE(b.connect(port_, chat()));
-  const Exchange ex = b.run({}, 0ms, nullptr, 10s);
-  EXPECT_FALSE(ex.handshake);
-  EXPECT_TRUE(ex.closed);
-  ASSERT_EQ(ex.errors.size(), 1u);
-  EXPECT_NE(ex.errors[0].find("busy"), std::string::npos) << ex.errors[0];
+  for (const std::string& target : {chat(), std::string("/v1/realtime")}) {
+    const auto res = upgrade_response(port_, target);
+    EXPECT_EQ(res.result_int(), 503u) << target;
+    EXPECT_EQ(res[http::field::retry_after], "1") << target;
+    EXPECT_EQ(res[http::field::content_type], "application/json") << target;
+    const auto j = nlohmann::json::parse(res.body());
+    EXPECT_EQ(j["error"]["code"], "busy") << res.body();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("all 1 sessions in use"),
+              std::string::npos)
+        << res.body();
+  }
+  Client b;  // a WebSocket client sees a declined handshake, no session
+  EXPECT_FALSE(b.connect(port_, chat()));
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health"))["sessions_in_use"], 1);
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_rejected_total{reason=\"busy\"}"),
+            3.0);
   a.drop();
+  expect_healthy();  // the slot comes back and a new session gets in
+}
+
+TEST_F(ServerTest, HealthLiveAndReady) {
+  int status = 0;
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health/live", &status)),
+            nlohmann::json({{"status", "live"}}));
+  EXPECT_EQ(status, 200);
+  auto ready = nlohmann::json::parse(http_get(port_, "/health/ready", &status));
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(ready["status"], "ok");
+  EXPECT_EQ(ready["ready"], true);
+  EXPECT_EQ(ready["max_sessions"], 1);
+  // The same JSON as /health.
+  auto health = nlohmann::json::parse(http_get(port_, "/health", &status));
+  ready.erase("connections");  // the /health request itself is one
+  health.erase("connections");
+  EXPECT_EQ(ready, health);
+
+  Client a;  // takes the only slot
+  ASSERT_TRUE(a.connect(port_, chat()));
+  ASSERT_TRUE(a.run(
+                   {}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s)
+                  .handshake);
+  ready = nlohmann::json::parse(http_get(port_, "/health/ready", &status));
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(ready["status"], "ok");
+  EXPECT_EQ(ready["ready"], false);
+  EXPECT_EQ(ready["sessions_in_use"], 1);
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["ready"], false);
+  EXPECT_EQ(status, 200);  // /health stays 200 while full
+  http_get(port_, "/health/live", &status);
+  EXPECT_EQ(status, 200);
+
+  a.drop();  // the slot frees: ready again
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  do {
+    http_get(port_, "/health/ready", &status);
+    if (status == 200) break;
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < until);
+  EXPECT_EQ(status, 200);
+}
+
+// Many clients at once on one slot: exactly one gets the session; every other one is refused,
+// before the upgrade (503) or, when it passed that check just before the slot was taken, after it
+// with the 0x05 busy error. No client is left hanging.
+TEST_F(ServerTest, ConcurrentClientsOnOneSlotAreAllAnswered) {
+  constexpr int kClients = 8;
+  std::atomic<int> sessions{0}, refused_before{0}, refused_after{0}, other{0};
+  std::vector<std::unique_ptr<Client>> clients(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    clients[static_cast<size_t>(i)] = std::make_unique<Client>();
+    threads.emplace_back([&, i] {
+      Client& c = *clients[static_cast<size_t>(i)];
+      if (!c.connect(port_, chat())) return void(++refused_before);
+      const Exchange ex = c.run(
+          {}, 0ms, [](const Exchange& e) { return e.handshake || !e.errors.empty(); }, 20s);
+      if (ex.handshake)
+        ++sessions;
+      else if (ex.errors.size() == 1 && ex.errors[0].find("busy") != std::string::npos)
+        ++refused_after;
+      else
+        ++other;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(sessions.load(), 1);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(refused_before.load() + refused_after.load(), kClients - 1);
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_rejected_total{reason=\"busy\"}"),
+            kClients - 1.0);
+  std::printf("%d refused before the upgrade, %d after it\n", refused_before.load(),
+              refused_after.load());
+  for (auto& c : clients) c->drop();
   expect_healthy();
 }
 

@@ -29,6 +29,24 @@ double process_cpu_seconds() {
          1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+// The whole answer (status, headers, body) to a WebSocket upgrade request for `target`.
+http::response<http::string_body> upgrade_response(uint16_t port, const std::string& target) {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::connection, "Upgrade");
+  req.set(http::field::upgrade, "websocket");
+  req.set(http::field::sec_websocket_version, "13");
+  req.set(http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
+  http::write(s, req);
+  beast::flat_buffer b;
+  http::response<http::string_body> res;
+  http::read(s, b, res);
+  return res;
+}
+
 std::string long_prompt() {
   std::string words;
   while (words.size() + 12 < 4000) words += "listen+carefully+";
@@ -331,10 +349,26 @@ TEST_F(ServerTest, NewSessionsAreRefusedWhileDraining) {
                       {}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s)
                   .handshake);
   server_->shutdown();
-  EXPECT_EQ(upgrade_status(port_, chat()), 503);
+  // Both endpoints refuse before the upgrade: 503, Retry-After: 5, a JSON reason.
+  for (const std::string& target : {chat(), std::string("/v1/realtime")}) {
+    const auto res = upgrade_response(port_, target);
+    EXPECT_EQ(res.result_int(), 503u) << target;
+    EXPECT_EQ(res[http::field::retry_after], "5") << target;
+    EXPECT_EQ(nlohmann::json::parse(res.body())["error"]["code"], "draining") << res.body();
+  }
   int status = 0;
   EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "draining");
   EXPECT_EQ(status, 503);
+  // Not ready (a slot is free, but draining), still live.
+  const auto ready = nlohmann::json::parse(http_get(port_, "/health/ready", &status));
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(ready["status"], "draining");
+  EXPECT_EQ(ready["ready"], false);
+  EXPECT_EQ(ready["sessions_in_use"], 1);
+  http_get(port_, "/health/live", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_rejected_total{reason=\"draining\"}"),
+            2.0);
   live.drop();  // the last session leaves: the drain ends early
   EXPECT_EQ(server_->wait(), ppx::server::kExitOk);
   server_.reset();
@@ -376,23 +410,18 @@ TEST_F(ServerTest, MetricLabelsAreAFixedSet) {
   EXPECT_EQ(m.find("5000"), std::string::npos);
 }
 
-// A busy rejection's 0x05 reaches the client before the close even when the client is sending.
-TEST_F(ServerTest, BusyErrorArrivesBeforeTheCloseWhileTheClientSends) {
-  Client a;
-  ASSERT_TRUE(a.connect(port_, chat()));
-  ASSERT_TRUE(a.run(
-                   {}, 0ms, [](const Exchange& e) { return e.handshake; }, 20s)
-                  .handshake);
+// A rejection after the upgrade (here a bad request; the busy error of the slot race takes the
+// same path) reaches the client as 0x05 before the close even when the client is sending.
+TEST_F(ServerTest, RejectionArrivesBeforeTheCloseWhileTheClientSends) {
   std::vector<std::vector<uint8_t>> burst(64, msg(0x01, std::vector<uint8_t>(16384, 7)));
   for (int i = 0; i < 10; ++i) {
     Client b;
-    ASSERT_TRUE(b.connect(port_, chat()));
+    ASSERT_TRUE(b.connect(port_, "/api/chat?text_prompt=" + std::string(5000, 'a')));
     const Exchange ex = b.run(burst, 0ms, nullptr, 10s, true);
     EXPECT_TRUE(ex.closed);
     ASSERT_EQ(ex.errors.size(), 1u) << "try " << i << ": " << ex.close_reason;
-    EXPECT_NE(ex.errors[0].find("busy"), std::string::npos);
+    EXPECT_NE(ex.errors[0].find("text_prompt"), std::string::npos) << ex.errors[0];
   }
-  a.drop();
   expect_healthy();
 }
 

@@ -45,6 +45,10 @@ constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
 constexpr uint32_t kMaxRequestHead = 256 * 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr auto kCloseFlushLimit = std::chrono::seconds(2);  // stop(): time for the 0x05 + close
+// Retry-After of a WebSocket upgrade refused with 503: all slots in use (one may free up any
+// moment), or draining / device failed (the process is going away; a restart takes longer).
+constexpr int kRetryAfterBusyS = 1;
+constexpr int kRetryAfterDrainingS = 5;
 
 // nlohmann::json::dump that never throws on invalid UTF-8 (replaced by U+FFFD).
 std::string dump(const nlohmann::ordered_json& j) {
@@ -257,10 +261,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
       }
       if (!authorized(req, query)) return unauthorized(req);
+      // Refused before the upgrade (HTTP 503 + Retry-After) while draining or full, so that a
+      // load balancer can try another server. A slot taken between this check and the session's
+      // start (a race) still gets the after-upgrade busy error (SessionCore::begin).
       if (const std::string why = hub_->unavailable(); !why.empty()) {
         hub_->metrics.rejected(Rejection::kDraining);
-        return reply(req, http::status::service_unavailable, "text/plain",
-                     "server unavailable: " + why + "\n", 5);
+        return refuse(req, why.rfind("device", 0) == 0 ? "device_failed" : "draining",
+                      "server unavailable: " + why, kRetryAfterDrainingS);
+      }
+      if (hub_->sessions_in_use() >= hub_->opts.max_sessions) {
+        hub_->metrics.rejected(Rejection::kBusy);
+        return refuse(req, "busy",
+                      "server busy: all " + std::to_string(hub_->opts.max_sessions) +
+                          " sessions in use",
+                      kRetryAfterBusyS);
       }
       beast::get_lowest_layer(stream_).expires_never();  // the WebSocket has its own timeouts
       std::unique_ptr<Protocol> protocol;
@@ -279,11 +293,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     if (req.method() != http::verb::get)
       return reply(req, http::status::method_not_allowed, "text/plain", "method not allowed\n");
     const int in_use = hub_->sessions_in_use();
-    if (path == "/health") {
+    if (path == "/health/live")  // the process serves HTTP
+      return reply(req, http::status::ok, "application/json", "{\"status\":\"live\"}\n");
+    if (path == "/health" || path == "/health/ready") {
       const std::string why = hub_->unavailable();
+      // Ready: the model is loaded (it is before the server starts), not draining, a slot free.
+      const bool ready = why.empty() && in_use < hub_->opts.max_sessions;
       nlohmann::ordered_json j;
       j["status"] = why.empty() ? "ok" : why.rfind("device", 0) == 0 ? "device_failed" : "draining";
       if (!why.empty()) j["error"] = why;
+      j["ready"] = ready;
       j["model"] = hub_->model.description;
       j["device"] = hub_->model.backend->device();
       j["speed_flags"] = hub_->model.speed_flags;
@@ -291,7 +310,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       j["max_sessions"] = hub_->opts.max_sessions;
       j["connections"] = hub_->connections.load();
       j["max_connections"] = hub_->opts.max_connections;
-      return reply(req, why.empty() ? http::status::ok : http::status::service_unavailable,
+      const bool ok = path == "/health" ? why.empty() : ready;
+      return reply(req, ok ? http::status::ok : http::status::service_unavailable,
                    "application/json", dump(j));
     }
     if (path == "/metrics") {
@@ -314,6 +334,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     if (const WebAsset* a = find_web_asset(path))
       return reply(req, http::status::ok, a->content_type, std::string(a->body));
     reply(req, http::status::not_found, "text/plain", "not found\n");
+  }
+
+  // A WebSocket upgrade refused with 503: {"error":{"code":CODE,"message":MESSAGE}}.
+  void refuse(const http::request<http::string_body>& req, const char* code,
+              const std::string& message, int retry_after_s) {
+    nlohmann::ordered_json j;
+    j["error"]["code"] = code;
+    j["error"]["message"] = message;
+    reply(req, http::status::service_unavailable, "application/json", dump(j), retry_after_s);
   }
 
   void unauthorized(const http::request<http::string_body>& req) {

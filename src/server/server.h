@@ -1,5 +1,5 @@
-// The PersonaPlex WebSocket server (protocol: docs/PROTOCOL.md): HTTP routes /health, /metrics,
-// /api/voices, /api/chat and /v1/realtime (WebSocket; two protocol adapters over one session core,
+// The PersonaPlex WebSocket server (protocol: docs/PROTOCOL.md): HTTP routes /health,
+// /health/live, /health/ready, /metrics, /api/voices, /api/chat and /v1/realtime (WebSocket; two protocol adapters over one session core,
 // session_core.h), the built-in web client at / and optional static files;
 // plain HTTP, or HTTPS/WSS only when given a certificate.
 //
@@ -10,7 +10,10 @@
 // the connection's strand for writing. A session holds one of --max-sessions slots from its
 // WebSocket upgrade until its worker has finished; the worker ends within a fraction of a second
 // after the client closes, errors out, or sends no audio for idle_timeout_s. Worker threads are
-// joined before stop() returns, so none outlives the model.
+// joined before stop() returns, so none outlives the model. An upgrade that finds every slot in
+// use (or the server draining) is refused before it happens with HTTP 503 + Retry-After; one that
+// loses the last slot to another session between that check and its start gets the protocol's
+// busy error after the upgrade.
 //
 // Failure containment: every request handler and session catches what it throws (HTTP 500, or
 // the protocol's error message + close on the WebSocket) and the I/O threads survive anything that escapes a handler. The

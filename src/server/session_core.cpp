@@ -127,6 +127,8 @@ void SessionCore::begin(const std::string& query) {
     const std::string err = protocol_->prepare(query);
     if (!err.empty()) return reject(Rejection::kBadRequest, err);
     const int slot = hub_->acquire_slot(shared_from_this());
+    // Full or draining upgrades are refused with HTTP 503 before they happen (server.cpp); these
+    // two answer the race of a slot taken (or a drain begun) since that check.
     if (slot == -1)
       return reject(
           Rejection::kBusy,

@@ -122,9 +122,25 @@ class Session {
     url.search = new URLSearchParams(params).toString();
     this.ws = new WebSocket(url);
     this.ws.binaryType = 'arraybuffer';
-    this.ws.onopen = () => setState('preparing', 'the server runs the voice and role prompts');
+    this.ws.onopen = () => {
+      this.opened = true;
+      setState('preparing', 'the server runs the voice and role prompts');
+    };
     this.ws.onmessage = (e) => this.onMessage(new Uint8Array(e.data));
-    this.ws.onclose = (e) => this.stop(e.reason || 'connection closed');
+    this.ws.onclose = (e) => {
+      if (this.opened || this.stopped) return this.stop(e.reason || 'connection closed');
+      // Refused before the upgrade: a full or draining server answers HTTP 503, which the
+      // WebSocket API does not show. /health/ready says which.
+      fetch('/health/ready', { cache: 'no-store' })
+        .then((r) => (r.ok ? null : r.json()))
+        .catch(() => null)
+        .then((h) => {
+          if (!h || this.stopped) return this.stop('connection refused');
+          const why = h.status !== 'ok' ? `server unavailable: ${h.status}`
+            : `server busy: all ${h.max_sessions} sessions in use, try again shortly`;
+          this.fail(why);
+        });
+    };
     setState('connecting');
     this.timer = setInterval(() => this.tick(), 100);
     this.send(KIND_AUDIO, this.writer.page([opusHead(1, 0, enc.sampleRate)], 0, 0x02));
