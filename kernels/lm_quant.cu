@@ -11,15 +11,23 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kFp8Max = 448.f;
 
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bfloat16* w, int K, __nv_fp8_e4m3* q,
-                                                                 float* scale) {
+// This block's row of w [N, K]: its dequantization scale max|row| / qmax (1 for a row of zeros),
+// stored to scale[blockIdx.x] and returned to every thread.
+__device__ float row_scale(const __nv_bfloat16* w, int K, float qmax, float* scale) {
   __shared__ float red[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
   float m = 0.f;
   for (int k = threadIdx.x; k < K; k += kThreads) m = fmaxf(m, fabsf(__bfloat162float(w[row + k])));
   m = block_max(m, red);
-  const float sc = m > 0.f ? __fdiv_rn(m, kFp8Max) : 1.f;
+  const float sc = m > 0.f ? __fdiv_rn(m, qmax) : 1.f;
   if (threadIdx.x == 0) scale[blockIdx.x] = sc;
+  return sc;
+}
+
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bfloat16* w, int K, __nv_fp8_e4m3* q,
+                                                                 float* scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
+  const float sc = row_scale(w, K, kFp8Max, scale);
   __nv_fp8_storage_t* out = reinterpret_cast<__nv_fp8_storage_t*>(q) + row;
   for (int k = threadIdx.x; k < K; k += kThreads) {
     out[k] = __nv_cvt_float_to_fp8(__fdiv_rn(__bfloat162float(w[row + k]), sc), __NV_SATFINITE, __NV_E4M3);
@@ -28,13 +36,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bflo
 
 __global__ void __launch_bounds__(kThreads) quantize_int8_kernel(const __nv_bfloat16* w, int K, int8_t* q,
                                                                  float* scale) {
-  __shared__ float red[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
-  float m = 0.f;
-  for (int k = threadIdx.x; k < K; k += kThreads) m = fmaxf(m, fabsf(__bfloat162float(w[row + k])));
-  m = block_max(m, red);
-  const float sc = m > 0.f ? __fdiv_rn(m, 127.f) : 1.f;
-  if (threadIdx.x == 0) scale[blockIdx.x] = sc;
+  const float sc = row_scale(w, K, 127.f, scale);
   for (int k = threadIdx.x; k < K; k += kThreads) {
     const float v = rintf(__fdiv_rn(__bfloat162float(w[row + k]), sc));
     q[row + k] = static_cast<int8_t>(fminf(fmaxf(v, -127.f), 127.f));

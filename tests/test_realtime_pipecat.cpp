@@ -1,5 +1,5 @@
-// /v1/realtime as Pipecat's OpenAI Realtime service drives it (the event sequence in
-// ../shared/docs/realtime.md, from pipecat-ai/pipecat src/pipecat/services/openai/realtime/), on
+// /v1/realtime as Pipecat's OpenAI Realtime service drives it (the event sequence of
+// pipecat-ai/pipecat src/pipecat/services/openai/realtime/llm.py, summarized in docs/pipecat.md), on
 // the in-process server with the embedded tiny model, in real time. Every server event goes through
 // one validator that holds the field rules Pipecat's strict parser (pydantic models) depends on:
 // one unknown type or missing field there ends its receive loop for the rest of the call.
