@@ -11,6 +11,8 @@ packages=(
   libssl-dev openssl
   chromium  # the browser test of the web client (headless)
   clang libclang-rt-dev  # scripts/sanitize.sh, scripts/fuzz.sh: ASan/UBSan/libFuzzer runtimes
+  nginx  # tests/deploy: the shipped nginx configuration in front of two servers (started by the test)
+  dpkg-dev  # tests/deploy: cpack's DEB generator (dpkg-shlibdeps) and the .deb install test
 )
 
 missing=()
@@ -27,5 +29,14 @@ if [ "$(id -u)" -ne 0 ]; then
   sudo_cmd=(sudo)
 fi
 export DEBIAN_FRONTEND=noninteractive
+# Packages that ship a service (nginx) must not start it: the tests start their own nginx on
+# loopback ports, and a system nginx left running would hold port 80 for nothing. Debian's
+# policy-rc.d hook (exit 101: action forbidden) keeps the install from starting it; an existing
+# hook is left alone.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  "${sudo_cmd[@]}" sh -c "printf '#!/bin/sh\\nexit 101\\n' > $policy && chmod 755 $policy"
+  trap '"${sudo_cmd[@]}" rm -f "$policy"' EXIT
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
