@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
+#include "engine/backend.h"
 #include "engine/golden_replay.h"
+#include "engine/scheduler.h"
 #include "lm_attention.cuh"
 #include "lm_misc.cuh"
 #include "ppx/config.h"
@@ -22,6 +25,7 @@
 #include "ppx/resources.h"
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
+#include "scheduler_test_util.h"
 #include "test_util.h"
 
 using namespace ppx;
@@ -501,4 +505,37 @@ TEST(CudaLmW8a16, RandomWeightsFullSizeSmoke) {
     worst = std::max(worst, rel_l2(l.text, ref_text[t]));
   }
   std::printf("full-size random weights: w8a16 vs bf16 text logits rel L2 over %d steps %.4g\n", steps, worst);
+}
+
+// The frame scheduler on CUDA (one stepper per slot, made at startup; a batch step launches every
+// session's graphs before collecting any): a session's tokens, greedy and sampled, are exactly
+// those of a stepper of its own, beside 7 others that join, leave and reuse slots mid-stream.
+TEST(CudaScheduler, BatchedTokensEqualAlone) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  auto backend = make_cuda_backend(cfg, mw, &lw, 0, 8);
+  const int half = cfg.lm->n_q / 2;
+  for (const bool sampling : {false, true}) {
+    constexpr int kSlots = 8, kSessions = 20;
+    std::vector<test::Script> scripts;
+    for (int i = 0; i < kSessions; ++i) scripts.push_back(test::make_script(cfg, i, sampling));
+    std::vector<std::vector<int64_t>> alone(kSessions), batched(kSessions);
+    for (int i = 0; i < kSessions; ++i)
+      alone[i] = test::play(*backend->lm_stepper(scripts[i].gen, scripts[i].seed, -1), scripts[i], half);
+    LmScheduler sched(backend->lm_batch(kSlots, -1));
+    std::vector<std::thread> threads;
+    for (int slot = 0; slot < kSlots; ++slot) {
+      threads.emplace_back([&, slot] {
+        for (int i = slot; i < kSessions; i += kSlots) {
+          auto st = sched.open(slot, scripts[i].gen, scripts[i].seed);
+          batched[i] = test::play(*st, scripts[i], half);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int i = 0; i < kSessions; ++i) EXPECT_EQ(batched[i], alone[i]) << "session " << i << " sampling " << sampling;
+    EXPECT_GT(sched.totals().max_batch, 1);
+  }
 }

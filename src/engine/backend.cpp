@@ -1,5 +1,8 @@
 #include "engine/backend.h"
 
+#include <string>
+#include <vector>
+
 #include "ppx/error.h"
 #include "ppx/lm.h"
 #include "ppx/mimi.h"
@@ -22,6 +25,36 @@ class OwningCpuStepper : public LmStepper {
   CpuLmStepper inner_;
 };
 
+// The CPU reference has no batched kernels: a batch step runs its slots' steppers one by one.
+class CpuLmBatch : public LmBatch {
+ public:
+  CpuLmBatch(const Lm& lm, int slots, int dep_steps) : lm_(lm), dep_steps_(dep_steps), slots_(slots) {}
+  const LmConfig& config() const override { return lm_.config(); }
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  int depformer_steps() const override { return dep_steps_ < 0 ? lm_.config().dep_q : dep_steps_; }
+  void open(int slot, const LmGenConfig& gen, uint64_t seed) override {
+    at(slot) = std::make_unique<OwningCpuStepper>(lm_, gen, seed, dep_steps_);
+  }
+  void reset(int slot) override { stepper(slot).reset(); }
+  void run(const BatchStep* steps, int n) override {
+    for (int i = 0; i < n; ++i) stepper(steps[i].slot).run(*steps[i].req, *steps[i].out, steps[i].logits);
+  }
+
+ private:
+  std::unique_ptr<LmStepper>& at(int slot) {
+    if (slot < 0 || slot >= slots()) throw Error("LM slot " + std::to_string(slot) + " out of range");
+    return slots_[static_cast<size_t>(slot)];
+  }
+  LmStepper& stepper(int slot) {
+    auto& s = at(slot);
+    if (!s) throw Error("LM slot " + std::to_string(slot) + " is not open");
+    return *s;
+  }
+  const Lm& lm_;
+  int dep_steps_;
+  std::vector<std::unique_ptr<LmStepper>> slots_;
+};
+
 class CpuBackend : public ModelBackend {
  public:
   CpuBackend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm) : mimi_(std::move(mimi)), lm_(std::move(lm)) {}
@@ -33,6 +66,10 @@ class CpuBackend : public ModelBackend {
   std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps) override {
     if (!lm_) throw Error("this CPU backend was built without the LM");
     return std::make_unique<OwningCpuStepper>(*lm_, gen, seed, dep_steps);
+  }
+  std::unique_ptr<LmBatch> lm_batch(int slots, int dep_steps) override {
+    if (!lm_) throw Error("this CPU backend was built without the LM");
+    return std::make_unique<CpuLmBatch>(*lm_, slots, dep_steps);
   }
   const Mimi* cpu_mimi() const override { return mimi_.get(); }
 
@@ -48,7 +85,7 @@ std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::
 }
 
 #ifndef PPX_HAVE_CUDA
-std::string cuda_device_problem() {
+std::string cuda_device_problem(int) {
   return "this build has no CUDA backend (configure with a CUDA toolkit, PPX_CUDA=ON)";
 }
 

@@ -8,6 +8,7 @@
 
 #include "ppx/config.h"
 #include "ppx/conversation.h"
+#include "ppx/lm_batch.h"
 #include "ppx/lm_gen.h"
 
 namespace ppx {
@@ -24,6 +25,9 @@ class ModelBackend {
   virtual std::unique_ptr<CodecStream> codec_stream(int slot) = 0;
   // An LM stepper for one session, sampling with `gen` (greedy when !gen.use_sampling).
   virtual std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps = -1) = 0;
+  // The LM state of `slots` sessions for the frame scheduler (src/engine/scheduler.h), made once
+  // at startup. dep_steps < 0: all depformer steps.
+  virtual std::unique_ptr<LmBatch> lm_batch(int slots, int dep_steps) = 0;
   // The CPU Mimi when this is the CPU backend (golden checks decode with it), else nullptr.
   virtual const Mimi* cpu_mimi() const { return nullptr; }
 };

@@ -34,6 +34,18 @@ void Metrics::frame(double ms, double budget_ms) {
   }
 }
 
+void Metrics::batch_step(int batch, double ms, int waiting) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++batch_steps_;
+  batch_items_ += static_cast<uint64_t>(batch);
+  last_batch_ = batch;
+  last_waiting_ = waiting;
+  batch_ms_sum_ += ms;
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    if (ms <= kBucketsMs[i]) ++batch_buckets_[i];
+  }
+}
+
 std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::ostringstream o;
@@ -79,6 +91,26 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
   o << "personaplex_frame_seconds_bucket{le=\"+Inf\"} " << frames_ << "\n";
   o << "personaplex_frame_seconds_sum " << frame_ms_sum_ / 1000.0 << "\n";
   o << "personaplex_frame_seconds_count " << frames_ << "\n";
+  o << "# HELP personaplex_scheduler_batch_size Sessions in the last LM batch step.\n"
+       "# TYPE personaplex_scheduler_batch_size gauge\npersonaplex_scheduler_batch_size "
+    << last_batch_ << "\n";
+  o << "# HELP personaplex_scheduler_steps_waiting Session steps queued when the last batch step "
+       "ended.\n"
+       "# TYPE personaplex_scheduler_steps_waiting gauge\npersonaplex_scheduler_steps_waiting "
+    << last_waiting_ << "\n";
+  o << "# HELP personaplex_scheduler_session_steps_total Session steps run in batch steps.\n"
+       "# TYPE personaplex_scheduler_session_steps_total counter\n"
+       "personaplex_scheduler_session_steps_total "
+    << batch_items_ << "\n";
+  o << "# HELP personaplex_scheduler_step_seconds Wall time of one LM batch step.\n"
+       "# TYPE personaplex_scheduler_step_seconds histogram\n";
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    o << "personaplex_scheduler_step_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} "
+      << batch_buckets_[i] << "\n";
+  }
+  o << "personaplex_scheduler_step_seconds_bucket{le=\"+Inf\"} " << batch_steps_ << "\n";
+  o << "personaplex_scheduler_step_seconds_sum " << batch_ms_sum_ / 1000.0 << "\n";
+  o << "personaplex_scheduler_step_seconds_count " << batch_steps_ << "\n";
   return o.str();
 }
 

@@ -21,6 +21,9 @@ class Metrics {
   void ignored_message();           // a client message of an unknown kind, or an empty one
   // One model frame: wall time in ms against the frame budget (80 ms).
   void frame(double ms, double budget_ms);
+  // One batch step of the LM scheduler: sessions stepped, its wall time (ms), steps queued
+  // meanwhile.
+  void batch_step(int batch, double ms, int waiting);
   std::string prometheus(int sessions_in_use, int max_sessions, int connections) const;
 
   // Upper bounds (ms) of the frame-time histogram buckets; +Inf is implied.
@@ -32,6 +35,12 @@ class Metrics {
   double frame_ms_sum_ = 0;
   std::array<uint64_t, kBucketsMs.size()> buckets_{};
   std::array<uint64_t, kSessionEndCount> ended_{};
+  // The scheduler: batch steps, their sessions, the last step's batch size and queued steps, and
+  // the step-time histogram (kBucketsMs).
+  uint64_t batch_steps_ = 0, batch_items_ = 0;
+  int last_batch_ = 0, last_waiting_ = 0;
+  double batch_ms_sum_ = 0;
+  std::array<uint64_t, kBucketsMs.size()> batch_buckets_{};
   std::array<uint64_t, kRejectionCount> rejected_{};
 };
 

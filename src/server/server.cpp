@@ -598,6 +598,11 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   hub.model = model;
   hub.slot_used.assign(static_cast<size_t>(opts.max_sessions), false);
   hub.slot_threads.resize(static_cast<size_t>(opts.max_sessions));
+  // The LM state of every slot is made now (on CUDA: KV caches and captured graphs), so that a
+  // session joining later allocates nothing on the device and stalls no one.
+  hub.scheduler = std::make_unique<LmScheduler>(
+      model.backend->lm_batch(opts.max_sessions, model.dep_steps),
+      [metrics = &hub.metrics](const LmScheduler::StepInfo& i) { metrics->batch_step(i.batch, i.ms, i.waiting); });
   Impl* impl = impl_.get();
   hub.on_device_error = [impl](const std::string& what) {
     {

@@ -263,8 +263,9 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   {
     std::lock_guard<std::mutex> lk(hub_->backend_mu);
     codec = m.backend->codec_stream(slot);
-    stepper = m.backend->lm_stepper(p.gen, p.seed, m.dep_steps);
   }
+  // The LM slot goes through the scheduler's queue: no lock held meanwhile.
+  stepper = hub_->scheduler->open(slot, p.gen, p.seed);
   if (!alive()) return ended_early();
   Conversation conv(*codec, *stepper, p.gen);
   // Audio sent before the conversation starts is decoded (so a stream stays in sync and the

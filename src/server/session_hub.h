@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/scheduler.h"
 #include "server/end_reason.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -26,7 +27,10 @@ struct SessionHub {
   ServerOptions opts;
   ServerModel model;
   Metrics metrics;
-  std::mutex backend_mu;  // creating codec streams / steppers
+  std::mutex backend_mu;  // creating codec streams
+  // Every session's LM state and the thread that steps them all, batched (max_sessions slots; a
+  // session's LM slot is its session slot).
+  std::unique_ptr<LmScheduler> scheduler;
 
   std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
   std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed

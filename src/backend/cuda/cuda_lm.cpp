@@ -652,7 +652,25 @@ void CudaLmStepper::enqueue_tail(cudaStream_t s) {
   PPX_CUDA_CHECK(cudaGetLastError());
 }
 
+void CudaLmStepper::set_sampling(const SamplingParams& sp) {
+  sync_all();
+  sp_ = sp;
+  const float temps[2] = {sp.temp_text, sp.temp_audio};
+  temp_.upload(temps, 2, stream_);
+  const int32_t topk[2] = {sp.top_k_text, sp.top_k_audio};
+  top_k_.upload(topk, 2, stream_);
+  seed_.upload(&sp.seed, 1, stream_);
+  counter_.zero(stream_);
+  pos_.zero(stream_);
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* logits) {
+  launch(req, logits);
+  collect(out);
+}
+
+void CudaLmStepper::launch(const StepRequest& req, StepLogits* logits) {
   const LmConfig& c = lm_.config();
   const int K = c.n_q + 1, S = c.dep_q;
   int32_t* h = h_req_.get();
@@ -691,6 +709,12 @@ void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* log
                                    static_cast<size_t>(dep_steps_) * c.card * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_));
   }
+  pending_wait_tail_ = wait_tail;
+}
+
+void CudaLmStepper::collect(StepResult& out) {
+  const int S = lm_.config().dep_q;
+  const bool wait_tail = pending_wait_tail_;
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
   if (tail_stream_) {

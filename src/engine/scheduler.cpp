@@ -1,0 +1,173 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "ppx/error.h"
+
+namespace ppx {
+
+// A session's view of the scheduler: an LmStepper whose calls are jobs of its slot.
+class LmScheduler::SlotStepper : public LmStepper {
+ public:
+  SlotStepper(LmScheduler& s, int slot) : s_(s), slot_(slot) {}
+  ~SlotStepper() override {
+    Job j;
+    j.kind = Kind::kClose;
+    j.step.slot = slot_;
+    try {
+      s_.submit(j);
+    } catch (...) {
+      // The slot's state is unusable anyway (device failure); the next open() resets it.
+    }
+  }
+  const LmConfig& config() const override { return s_.config(); }
+  int depformer_steps() const override { return s_.batch_->depformer_steps(); }
+  void reset() override {
+    Job j;
+    j.kind = Kind::kReset;
+    j.step.slot = slot_;
+    s_.submit(j);
+  }
+  void run(const StepRequest& req, StepResult& out, StepLogits* logits) override {
+    Job j;
+    j.step = BatchStep{slot_, &req, &out, logits};
+    s_.submit(j);
+  }
+
+ private:
+  LmScheduler& s_;
+  int slot_;
+};
+
+LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step)
+    : batch_(std::move(batch)), on_step_(std::move(on_step)) {
+  if (!batch_) throw Error("LmScheduler: no LM batch");
+  slots_ = batch_->slots();
+  thread_ = std::thread([this] { loop(); });
+}
+
+LmScheduler::~LmScheduler() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+std::unique_ptr<LmStepper> LmScheduler::open(int slot, const LmGenConfig& gen, uint64_t seed) {
+  if (slot < 0 || slot >= slots_) throw Error("LM slot " + std::to_string(slot) + " out of range");
+  Job j;
+  j.kind = Kind::kOpen;
+  j.step.slot = slot;
+  j.gen = &gen;
+  j.seed = seed;
+  submit(j);
+  return std::make_unique<SlotStepper>(*this, slot);
+}
+
+LmScheduler::Totals LmScheduler::totals() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return totals_;
+}
+
+void LmScheduler::submit(Job& j) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (stopping_) throw Error("the LM scheduler has stopped");
+    pending_.push_back(&j);
+    work_cv_.notify_one();
+    done_cv_.wait(lk, [&] { return j.done; });
+  }
+  if (j.error) std::rethrow_exception(j.error);
+}
+
+void LmScheduler::loop() {
+  // A thread that cannot use the device fails every job with that error, so sessions see why.
+  std::exception_ptr attach_error;
+  try {
+    batch_->attach_thread();
+  } catch (...) {
+    attach_error = std::current_exception();
+  }
+  std::vector<Job*> jobs;
+  std::vector<BatchStep> steps;
+  std::vector<Job*> step_jobs;
+  std::vector<char> busy(static_cast<size_t>(slots_), 0);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      work_cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping with nothing queued
+      jobs.swap(pending_);
+    }
+    // Slot control first, in the order asked (a session has one job at a time, so a slot's open
+    // always precedes its first step). Then one batch step for every step job.
+    steps.clear();
+    step_jobs.clear();
+    for (Job* j : jobs) {
+      if (attach_error) {
+        j->error = attach_error;
+        continue;
+      }
+      if (j->kind == Kind::kStep) {
+        const int s = j->step.slot;
+        if (s < 0 || s >= slots_ || busy[static_cast<size_t>(s)]) {
+          j->error = std::make_exception_ptr(Error("LM slot " + std::to_string(s) + " stepped twice in one batch"));
+          continue;
+        }
+        busy[static_cast<size_t>(s)] = 1;
+        steps.push_back(j->step);
+        step_jobs.push_back(j);
+        continue;
+      }
+      try {
+        switch (j->kind) {
+          case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
+          case Kind::kReset: batch_->reset(j->step.slot); break;
+          case Kind::kClose: batch_->close(j->step.slot); break;
+          case Kind::kStep: break;
+        }
+      } catch (...) {
+        j->error = std::current_exception();
+      }
+    }
+    double ms = 0;
+    if (!steps.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        batch_->run(steps.data(), static_cast<int>(steps.size()));
+      } catch (...) {
+        // A failed batch step fails every session in it (a device error is the device's, not one
+        // session's).
+        for (Job* j : step_jobs) j->error = std::current_exception();
+      }
+      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
+    }
+    int waiting = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (Job* j : jobs) j->done = true;
+      if (!steps.empty()) {
+        ++totals_.steps;
+        totals_.items += static_cast<int64_t>(steps.size());
+        totals_.max_batch = std::max(totals_.max_batch, static_cast<int>(steps.size()));
+      }
+      waiting = static_cast<int>(pending_.size());
+    }
+    done_cv_.notify_all();
+    jobs.clear();
+    if (!steps.empty() && on_step_) {
+      try {
+        on_step_(StepInfo{static_cast<int>(steps.size()), ms, waiting});
+      } catch (...) {
+        // Metrics must not stop the scheduler.
+      }
+    }
+  }
+}
+
+}  // namespace ppx

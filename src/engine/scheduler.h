@@ -1,0 +1,81 @@
+// The frame scheduler: one thread that owns the sessions' LM state (an LmBatch) and runs one
+// batched model step for every session with a step ready, back to back while steps are ready.
+//
+// Sessions reach it through the LmStepper that open() returns: its run() hands the request to the
+// scheduler and blocks until the batch step that carries it is done, so a session has at most one
+// step in flight and gets at most one step per batch step (a client that bursts audio cannot take
+// the GPU from the others). Opening, resetting and closing a slot go through the same queue and run
+// between batch steps, in the order they were asked for; they allocate nothing on the device.
+// The network and session threads never touch the backend's LM themselves.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ppx/lm_batch.h"
+#include "ppx/lm_gen.h"
+
+namespace ppx {
+
+class LmScheduler {
+ public:
+  // What one batch step did, for metrics (called on the scheduler thread after each step).
+  struct StepInfo {
+    int batch = 0;        // sessions stepped
+    double ms = 0;        // wall time of the batch step
+    int waiting = 0;      // steps queued meanwhile (they run next)
+  };
+  using StepObserver = std::function<void(const StepInfo&)>;
+
+  explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {});
+  ~LmScheduler();  // serves what is queued, then stops
+  LmScheduler(const LmScheduler&) = delete;
+  LmScheduler& operator=(const LmScheduler&) = delete;
+
+  int slots() const { return slots_; }
+  const LmConfig& config() const { return batch_->config(); }
+  // A session takes `slot` (see LmBatch::open); the returned stepper closes it when destroyed.
+  // Throws what the backend's open() throws (ppx::Error, DeviceError).
+  std::unique_ptr<LmStepper> open(int slot, const LmGenConfig& gen, uint64_t seed);
+
+  // Totals since start.
+  struct Totals {
+    int64_t steps = 0;      // batch steps
+    int64_t items = 0;      // session steps in them
+    int max_batch = 0;
+  };
+  Totals totals();
+
+ private:
+  class SlotStepper;
+  enum class Kind { kStep, kOpen, kReset, kClose };
+  struct Job {
+    Kind kind = Kind::kStep;
+    BatchStep step;
+    const LmGenConfig* gen = nullptr;
+    uint64_t seed = 0;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  // Queues `j`, waits until the scheduler thread has run it, rethrows its error.
+  void submit(Job& j);
+  void loop();
+
+  std::unique_ptr<LmBatch> batch_;
+  StepObserver on_step_;
+  int slots_ = 0;
+  std::mutex mu_;  // guards the members below
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Job*> pending_;
+  bool stopping_ = false;
+  Totals totals_;
+  std::thread thread_;
+};
+
+}  // namespace ppx

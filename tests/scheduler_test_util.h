@@ -1,0 +1,47 @@
+// Scripted sessions for the frame scheduler's tests (CPU and CUDA): a session's sampling, seed
+// and user audio tokens, and a player that runs one on any LmStepper.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ppx/config.h"
+#include "ppx/lm_gen.h"
+
+namespace ppx::test {
+
+// One session's script: its sampling, seed, user audio tokens and length.
+struct Script {
+  LmGenConfig gen;
+  uint64_t seed = 0;
+  int steps = 0;
+  std::vector<int64_t> user;  // [steps, n_q / 2]
+};
+
+inline Script make_script(const ModelConfig& cfg, int index, bool sampling) {
+  Script s;
+  s.gen = *cfg.lm_gen;
+  s.gen.use_sampling = sampling;
+  s.seed = 1000 + static_cast<uint64_t>(index);
+  s.steps = 12 + (index * 7) % 17;
+  const int half = cfg.lm->n_q / 2;
+  std::mt19937 rng(static_cast<uint32_t>(index) * 7919u + 13u);
+  std::uniform_int_distribution<int> tok(0, cfg.lm->card - 1);
+  s.user.resize(static_cast<size_t>(s.steps) * half);
+  for (auto& t : s.user) t = tok(rng);
+  return s;
+}
+
+// Runs a script on `stepper` and returns every token the session produced, in order.
+inline std::vector<int64_t> play(LmStepper& stepper, const Script& s, int half) {
+  LmGen gen(stepper, s.gen);
+  std::vector<int64_t> out;
+  for (int i = 0; i < s.steps; ++i) {
+    const auto frame = gen.step(s.user.data() + static_cast<size_t>(i) * half, nullptr, std::nullopt);
+    if (frame) out.insert(out.end(), frame->begin(), frame->end());
+  }
+  return out;
+}
+
+}  // namespace ppx::test

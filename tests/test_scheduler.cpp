@@ -1,0 +1,108 @@
+// The frame scheduler (src/engine/scheduler.h) on the CPU tiny model: a session's tokens are the
+// same whether it runs alone or batched beside 63 others that join and leave mid-stream, greedy
+// and sampled; a failing batch step fails the sessions in it and nothing else.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/scheduler.h"
+#include "ppx/config.h"
+#include "ppx/error.h"
+#include "ppx/lm.h"
+#include "ppx/lm_gen.h"
+#include "ppx/safetensors.h"
+#include "ppx/weights.h"
+#include "scheduler_test_util.h"
+#include "test_util.h"
+
+using namespace ppx;
+using ppx::test::make_script;
+using ppx::test::play;
+using ppx::test::Script;
+
+namespace {
+
+struct TinyLm {
+  ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  std::unique_ptr<ModelBackend> backend = make_cpu_backend(nullptr, std::make_unique<Lm>(*cfg.lm, lw));
+};
+
+void batched_equals_alone(bool sampling) {
+  TinyLm t;
+  const int half = t.cfg.lm->n_q / 2;
+  constexpr int kSlots = 64, kSessions = 96;  // 32 sessions reuse slots others left
+  std::vector<Script> scripts;
+  for (int i = 0; i < kSessions; ++i) scripts.push_back(make_script(t.cfg, i, sampling));
+  // Alone: a fresh stepper per session, no scheduler.
+  std::vector<std::vector<int64_t>> alone(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    auto st = t.backend->lm_stepper(scripts[i].gen, scripts[i].seed, -1);
+    alone[i] = play(*st, scripts[i], half);
+    ASSERT_FALSE(alone[i].empty());
+  }
+  // Batched: the first 64 start staggered and end at different lengths; sessions 64.. take the
+  // slot of session i - 64 as soon as it leaves, while the others are mid-stream.
+  LmScheduler sched(t.backend->lm_batch(kSlots, -1));
+  std::vector<std::vector<int64_t>> batched(kSessions);
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < kSlots; ++slot) {
+    threads.emplace_back([&, slot] {
+      std::this_thread::sleep_for(std::chrono::microseconds(200 * (slot % 8)));
+      for (int i = slot; i < kSessions; i += kSlots) {
+        auto st = sched.open(slot, scripts[i].gen, scripts[i].seed);
+        batched[i] = play(*st, scripts[i], half);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(batched[i], alone[i]) << "session " << i;
+  const auto tot = sched.totals();
+  EXPECT_GT(tot.max_batch, 1) << "the scheduler never batched";
+  EXPECT_LE(tot.max_batch, kSlots);
+  int64_t want = 0;
+  for (const auto& s : scripts) want += s.steps;
+  // Every step that called the model (all but the first of each session: t = 0 makes no call).
+  EXPECT_EQ(tot.items, want - kSessions);
+}
+
+}  // namespace
+
+TEST(Scheduler, GreedyTokensAloneEqualBeside63Others) { batched_equals_alone(false); }
+
+TEST(Scheduler, SampledTokensAloneEqualBeside63Others) { batched_equals_alone(true); }
+
+// A batch whose step throws fails exactly the sessions in it; the scheduler goes on serving.
+TEST(Scheduler, AFailedStepFailsItsSessionsOnly) {
+  TinyLm t;
+  struct Failing : LmBatch {
+    std::unique_ptr<LmBatch> inner;
+    bool fail = false;
+    const LmConfig& config() const override { return inner->config(); }
+    int slots() const override { return inner->slots(); }
+    int depformer_steps() const override { return inner->depformer_steps(); }
+    void open(int s, const LmGenConfig& g, uint64_t seed) override { inner->open(s, g, seed); }
+    void reset(int s) override { inner->reset(s); }
+    void run(const BatchStep* st, int n) override {
+      if (fail) throw DeviceError("injected");
+      inner->run(st, n);
+    }
+  };
+  auto f = std::make_unique<Failing>();
+  f->inner = t.backend->lm_batch(2, -1);
+  Failing* fp = f.get();
+  LmScheduler sched(std::move(f));
+  const Script s = make_script(t.cfg, 1, false);
+  const int half = t.cfg.lm->n_q / 2;
+  auto st = sched.open(0, s.gen, s.seed);
+  fp->fail = true;
+  EXPECT_THROW(play(*st, s, half), DeviceError);
+  fp->fail = false;
+  auto st2 = sched.open(1, s.gen, s.seed);
+  EXPECT_EQ(play(*st2, s, half), play(*t.backend->lm_stepper(s.gen, s.seed, -1), s, half));
+  EXPECT_THROW(sched.open(2, s.gen, s.seed), Error);  // out of range
+}
