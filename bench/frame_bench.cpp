@@ -3,19 +3,125 @@
 // Writes JSON with total and per-stage p50/p90/p99/p99.9/max in ms, frames over the 80 ms budget,
 // the machine, commit and command.
 //
-//   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--out FILE]
+// --sessions N: N conversations with independent audio through the frame scheduler (the server's
+// path: one batched LM step for every session with a frame ready), each fed one frame every 80 ms
+// in real time (staggered starts). Reports the batch step time, the batch sizes and each frame's
+// added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
+// budget (two frames). Batch steps are counted once every session is in its timed frames.
+//
+//   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N] [--out FILE]
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "engine/backend.h"
+#include "engine/scheduler.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
 
 namespace {
+
+ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m) {
+  ppx::SystemPrompt prompt;
+  if (m.tokenizer) {
+    prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a wise and friendly teacher."));
+  } else {
+    for (int i = 0; i < 20; ++i) prompt.text_tokens.push_back(100 + i);  // no tokenizer with random weights
+  }
+  return prompt;
+}
+
+// --sessions N (see the top of this file).
+int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
+                   int warmup, int argc, char** argv, const std::string& out) {
+  using Clock = std::chrono::steady_clock;
+  const ppx::LmGenConfig gen = *m.cfg.lm_gen;
+  std::mutex mu;  // guards the vectors below
+  std::vector<double> step_ms, latency;
+  std::vector<int> batch;
+  // Batch steps count once every session is past its prompts and warm-up (before that, prompt
+  // steps of some sessions run beside the real-time frames of others).
+  std::atomic<int> timed{0};
+  ppx::LmScheduler sched(m.backend->lm_batch(sessions, m.dep_steps), [&](const ppx::LmScheduler::StepInfo& i) {
+    if (timed.load() < sessions) return;
+    std::lock_guard<std::mutex> lk(mu);
+    step_ms.push_back(i.ms);
+    batch.push_back(i.batch);
+  });
+  const int fs = m.cfg.mimi.frame_samples();
+  const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
+  const ppx::SystemPrompt prompt = bench_prompt(m);
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  const auto t_start = Clock::now();
+  for (int s = 0; s < sessions; ++s) {
+    threads.emplace_back([&, s] {
+      try {
+        std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(s);
+        auto stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
+        ppx::Conversation conv(*codec, *stepper, gen);
+        conv.run_system_prompts(prompt);
+        // Staggered over one frame period, as real clients are.
+        const auto t0 = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
+        std::vector<float> pcm(fs);
+        std::vector<double> mine;
+        const float w = 0.011f + 0.003f * static_cast<float>(s);
+        for (int64_t f = 0; f < warmup + frames; ++f) {
+          const auto arrival =
+              t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
+          if (f == warmup) ++timed;
+          std::this_thread::sleep_until(arrival);
+          for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
+          const auto fr = conv.step(pcm.data());
+          if (!fr) throw ppx::Error("no frame produced after the system prompts");
+          if (f >= warmup) mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - arrival).count());
+        }
+        std::lock_guard<std::mutex> lk(mu);
+        latency.insert(latency.end(), mine.begin(), mine.end());
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu);
+        errors.push_back("session " + std::to_string(s) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");
+  const double budget_ms = 2 * frame_ms;
+  int64_t over = 0;
+  for (double l : latency) over += l > budget_ms;
+  std::vector<double> bsz(batch.begin(), batch.end());
+  nlohmann::ordered_json j;
+  j["bench"] = "sessions";
+  j["model"] = m.description;
+  j["device"] = m.backend->device();
+  j["flags"] = {{"dep_steps", m.dep_steps < 0 ? m.cfg.lm->dep_q : m.dep_steps},
+                {"w8a16", mf.w8a16 || mf.fast},
+                {"speed_flags", m.speed_flags}};
+  j["sessions"] = sessions;
+  j["frames_per_session"] = frames;
+  j["warmup"] = warmup;
+  j["budget_ms"] = budget_ms;
+  j["frames"] = latency.size();
+  j["frames_over_budget"] = over;
+  j["added_latency_ms"] = ppx::app::latency_stats(latency);
+  j["batch_step_ms"] = ppx::app::latency_stats(step_ms);
+  j["batch_size"] = ppx::app::latency_stats(bsz);
+  j["batch_steps"] = step_ms.size();
+  j["wall_s"] = wall_s;
+  j["machine"] = ppx::app::machine_info();
+  j["command"] = ppx::app::command_line(argc, argv);
+  ppx::app::emit_json(j, out);
+  return 0;
+}
 
 int bench(int argc, char** argv) {
   CLI::App app{"Per-frame latency of the full conversation step (encode, LM, decode)"};
@@ -28,10 +134,20 @@ int bench(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--soak", soak_minutes, "run for this many minutes instead of --frames")->check(CLI::Range(0.0, 1e6));
   app.add_option("--out", out, "write the JSON result here too");
+  int sessions = 0;
+  app.add_option("--sessions", sessions,
+                 "N real-time sessions through the frame scheduler (0: one session, back to back)")
+      ->check(CLI::Range(0, 4096));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (sessions > 0) {
+    if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
+    mf.codec_slots = std::max(mf.codec_slots, sessions);
+    const ppx::app::LoadedModel m = ppx::app::load_model(mf);
+    return bench_sessions(m, mf, sessions, frames, warmup, argc, argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   const int dep_steps = m.dep_steps;
@@ -40,13 +156,7 @@ int bench(int argc, char** argv) {
   if (m.other_mimi) codec = std::make_unique<ppx::MirroredCodecStream>(std::move(codec), m.backend->codec_stream(1));
   auto stepper = m.backend->lm_stepper(gen, 42424242, dep_steps);
   ppx::Conversation conv(*codec, *stepper, gen);
-  ppx::SystemPrompt prompt;
-  if (m.tokenizer) {
-    prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a wise and friendly teacher."));
-  } else {
-    for (int i = 0; i < 20; ++i) prompt.text_tokens.push_back(100 + i);  // no tokenizer with random weights
-  }
-  conv.run_system_prompts(prompt);
+  conv.run_system_prompts(bench_prompt(m));
 
   const int fs = m.cfg.mimi.frame_samples();
   const double budget_ms = 1000.0 / m.cfg.mimi.frame_rate;
