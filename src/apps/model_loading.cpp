@@ -27,9 +27,23 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag(
       "--random-weights", random_weights,
       "random weights of the config's full size (benchmarks; the LM is generated on the GPU)");
-  app.add_option("--device", device, "cpu or cuda")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option_function<std::string>(
+         "--device",
+         [this](const std::string& v) {
+           parse_device(v, device, cuda_device);
+           device_flag = v;
+         },
+         "cpu, cuda (the first visible GPU) or cuda:N (visible GPU N; CUDA_VISIBLE_DEVICES selects "
+         "which are visible)")
+      ->default_str("cpu")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            std::string d;
+            int n = 0;
+            return parse_device(v, d, n) ? std::string()
+                                         : v + " is not cpu, cuda or cuda:N (N: a GPU index, 0 for the first)";
+          },
+          "cpu|cuda|cuda:N"));
   app.add_flag("--fast", fast,
                "the speed flags together: --w8a16 --dep-q-exit 8 --skip-other-mimi");
   app.add_flag(
@@ -60,6 +74,25 @@ void ModelFlags::add_to(CLI::App& app) {
                "where the GPU supports it; for measurements)");
 }
 
+bool parse_device(const std::string& value, std::string& device, int& cuda_device) {
+  if (value == "cpu" || value == "cuda") {
+    device = value;
+    cuda_device = 0;
+    return true;
+  }
+  const std::string prefix = "cuda:";
+  if (value.size() <= prefix.size() || value.size() > prefix.size() + 3 || value.compare(0, prefix.size(), prefix) != 0)
+    return false;
+  int n = 0;
+  for (size_t i = prefix.size(); i < value.size(); ++i) {
+    if (value[i] < '0' || value[i] > '9') return false;
+    n = n * 10 + (value[i] - '0');
+  }
+  device = "cuda";
+  cuda_device = n;
+  return true;
+}
+
 namespace {
 
 // --fast expanded, and every speed flag checked against the config and the device, before
@@ -78,6 +111,8 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
     throw Error("--dep-q-exit " + std::to_string(f.dep_q_exit) + ": must be -1 (all) or " +
                 std::to_string(agent_codebooks) + ".." + std::to_string(lm.dep_q) +
                 " (the agent's codebooks are needed to decode the audio)");
+  // "--device cuda:1" in messages when that is what was asked for.
+  const std::string device_flag = "--device " + f.device_flag;
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
   if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
@@ -85,9 +120,8 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8_format_given && !f.w8a16)
     throw Error("--w8-format " + f.w8_format + " needs --w8a16 (or --fast): it picks the 8-bit weight type");
   if (f.device == "cuda") {
-    const std::string why = cuda_device_problem();
-    if (!why.empty())
-      throw Error((f.w8a16 ? "--w8a16" + via : std::string("--device cuda")) + ": " + why);
+    const std::string why = cuda_device_problem(f.cuda_device);
+    if (!why.empty()) throw Error((f.w8a16 ? "--w8a16" + via : device_flag) + ": " + why);
   }
   m.dep_steps = f.dep_q_exit;
   m.other_mimi = !f.skip_other_mimi;
@@ -154,6 +188,8 @@ LoadedModel load_model(const ModelFlags& f_in) {
     cuda.w8_int8 = f.w8_format == "int8";
     cuda.kv_fp8 = f.kv_fp8;
     cuda.mimi_pdl = !f.no_mimi_pdl;
+    cuda.device = f.cuda_device;
+    m.device_index = f.cuda_device;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
                                   f.codec_slots, true, cuda);
   } else {
@@ -171,10 +207,13 @@ LoadedModel load_model(const ModelFlags& f_in) {
     // run at full size without the checkpoint's tokenizer (text prompts encode, text tokens name).
     m.tokenizer = std::make_unique<TextTokenizer>(synthetic_tokenizer(m.cfg.lm->text_card));
     m.description += ", synthetic " + std::to_string(m.cfg.lm->text_card) + "-piece tokenizer";
-    std::fprintf(stderr,
-                 "text tokenizer: synthetic (%d generated pieces; no --tokenizer or --hf-dir "
-                 "given): with random weights the text output is meaningless anyway\n",
-                 m.cfg.lm->text_card);
+    const std::string note = "text tokenizer: synthetic (" + std::to_string(m.cfg.lm->text_card) +
+                             " generated pieces; no --tokenizer or --hf-dir given): with random weights "
+                             "the text output is meaningless anyway";
+    if (f.note)
+      f.note(note);
+    else
+      std::fprintf(stderr, "%s\n", note.c_str());
   }
   if (m.tokenizer && m.tokenizer->vocab_size() != m.cfg.lm->text_card) {
     throw Error("the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -15,7 +16,12 @@
 namespace ppx::app {
 
 struct ModelFlags {
-  std::string hf_dir, config, lm, mimi, tokenizer, device = "cpu";
+  std::string hf_dir, config, lm, mimi, tokenizer;
+  // --device cpu|cuda|cuda:N: `device` is "cpu" or "cuda", `cuda_device` the N (0 for plain cuda),
+  // an index among the devices CUDA_VISIBLE_DEVICES leaves visible; `device_flag` the text given,
+  // for messages.
+  std::string device = "cpu", device_flag = "cpu";
+  int cuda_device = 0;
   bool random_weights = false;
   uint64_t demo_seed = 20261202;
   int codec_slots = 2;  // codec streams the CUDA backend preallocates
@@ -27,12 +33,20 @@ struct ModelFlags {
   bool w8_format_given = false;    // --w8-format was on the command line (it needs --w8a16)
   bool kv_fp8 = false;       // --kv-fp8 (CUDA): the temporal KV cache in fp8 with per-head scales
   bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
+  // Where load_model's remarks go (the synthetic tokenizer); default: a line on stderr. The server
+  // sends them to its log.
+  std::function<void(const std::string&)> note;
   void add_to(CLI::App& app);
 };
+
+// Parses a --device value: "cpu", "cuda" or "cuda:N" (N a decimal index below 1000). False on
+// anything else.
+bool parse_device(const std::string& value, std::string& device, int& cuda_device);
 
 struct LoadedModel {
   ModelConfig cfg;
   std::string description;  // what was loaded, for logs and /health
+  int device_index = -1;    // the CUDA device (cuda:N) the backend runs on; -1 on the CPU
   std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<TextTokenizer> tokenizer;
   std::string voice_dir;    // <hf-dir>/voices when a snapshot was given

@@ -14,6 +14,7 @@
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "ppx/error.h"
+#include "server/log.h"
 #include "server/server.h"
 
 namespace {
@@ -25,6 +26,77 @@ void raise_fd_limit() {
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
+}
+
+// After the flags are parsed and the log is set up: checks, loads the model, serves until a signal.
+int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api_key_given) {
+  if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
+    throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
+  if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
+  if (api_key_given && o.api_key.empty())
+    throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
+  if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
+  raise_fd_limit();
+  mf.codec_slots = o.max_sessions;
+  mf.note = [](const std::string& s) { ppx::server::log::info(s); };
+
+  ppx::app::LoadedModel m = ppx::app::load_model(mf);
+  if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
+  if (o.voice_dir.empty()) o.voice_dir = m.voice_dir;
+  const ppx::server::ServerModel sm = ppx::server::server_model(m);
+  ppx::server::log::info("model loaded",
+                         {{"model", m.description},
+                          {"device", m.backend->device()},
+                          {"device_index", m.device_index < 0 ? nlohmann::json() : nlohmann::json(m.device_index)},
+                          {"speed_flags", m.speed_flags}});
+
+  // Signals go to sigwait() below only: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  ppx::server::Server server(o, sm);
+  server.start();
+  const char* scheme = server.tls() ? "https" : "http";
+  const unsigned port = server.port();
+  std::printf("listening on %s://%s:%u\n", scheme, o.host.c_str(), port);
+  const bool any = o.host == "0.0.0.0" || o.host == "::";
+  std::printf("open %s://%s:%u/ in a browser to talk to the model\n", scheme,
+              any || o.host == "127.0.0.1" ? "localhost" : o.host.c_str(), port);
+  std::fflush(stdout);
+  ppx::server::log::info("listening", {{"url", std::string(scheme) + "://" + o.host + ":" + std::to_string(port)},
+                                      {"host", o.host},
+                                      {"port", port}});
+  // The first signal drains (new sessions refused, live ones go on for --drain-timeout), the
+  // second exits at once. The signal thread never touches the server after serve() returns.
+  static std::mutex server_mu;
+  static ppx::server::Server* live = &server;
+  std::thread([sigs] {
+    for (int count = 0;; ++count) {
+      int sig = 0;
+      if (sigwait(&sigs, &sig) != 0) continue;
+      if (count > 0) {
+        ppx::server::log::warn("second signal: exiting now", {{"signal", sig}});
+        std::_Exit(128 + sig);
+      }
+      ppx::server::log::info("signal: draining, then stopping (again to exit now)", {{"signal", sig}});
+      std::lock_guard<std::mutex> lk(server_mu);
+      if (live) live->shutdown();
+    }
+  }).detach();
+  const int code = server.wait();
+  {
+    std::lock_guard<std::mutex> lk(server_mu);
+    live = nullptr;
+  }
+  if (code == 0)
+    ppx::server::log::info("server stopped cleanly", {{"exit_code", code}});
+  else
+    ppx::server::log::error("server stopped: device error", {{"exit_code", code}});
+  return code;
 }
 
 int serve(int argc, char** argv) {
@@ -80,68 +152,28 @@ int serve(int argc, char** argv) {
          "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
          "microphone except on localhost")
       ->check(CLI::ExistingDirectory);
+  std::string log_level = "info";
+  bool log_json = false;
+  app.add_option("--log-level", log_level, "log messages of this level and above on stderr")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.add_flag("--log-json", log_json,
+               "log one JSON object per line (time, level, msg and the event's fields)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
-    throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
-  if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
-  if (app.count("--api-key") && o.api_key.empty())
-    throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
-  if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
-  raise_fd_limit();
-  mf.codec_slots = o.max_sessions;
-
-  ppx::app::LoadedModel m = ppx::app::load_model(mf);
-  if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
-  if (o.voice_dir.empty()) o.voice_dir = m.voice_dir;
-  const ppx::server::ServerModel sm = ppx::server::server_model(m);
-  std::fprintf(stderr, "model: %s on %s%s%s\n", m.description.c_str(), m.backend->device().c_str(),
-               m.speed_flags.empty() ? "" : ", ", m.speed_flags.c_str());
-
-  // Signals go to sigwait() below only: block them before any thread starts.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
-  ppx::server::Server server(o, sm);
-  server.start();
-  const char* scheme = server.tls() ? "https" : "http";
-  const unsigned port = server.port();
-  std::printf("listening on %s://%s:%u\n", scheme, o.host.c_str(), port);
-  const bool any = o.host == "0.0.0.0" || o.host == "::";
-  std::printf("open %s://%s:%u/ in a browser to talk to the model\n", scheme,
-              any || o.host == "127.0.0.1" ? "localhost" : o.host.c_str(), port);
-  std::fflush(stdout);
-  // The first signal drains (new sessions refused, live ones go on for --drain-timeout), the
-  // second exits at once. The signal thread never touches the server after serve() returns.
-  static std::mutex server_mu;
-  static ppx::server::Server* live = &server;
-  std::thread([sigs] {
-    for (int count = 0;; ++count) {
-      int sig = 0;
-      if (sigwait(&sigs, &sig) != 0) continue;
-      if (count > 0) {
-        std::fprintf(stderr, "signal %d again: exiting now\n", sig);
-        std::_Exit(128 + sig);
-      }
-      std::fprintf(stderr, "signal %d: draining, then stopping (again to exit now)\n", sig);
-      std::lock_guard<std::mutex> lk(server_mu);
-      if (live) live->shutdown();
-    }
-  }).detach();
-  const int code = server.wait();
-  {
-    std::lock_guard<std::mutex> lk(server_mu);
-    live = nullptr;
+  ppx::server::log::Level level = ppx::server::log::Level::kInfo;
+  ppx::server::log::parse_level(log_level, level);
+  ppx::server::log::init(level, log_json);
+  // From here on a fatal error is a log line too (a JSON one with --log-json), not plain text.
+  try {
+    return serve_with(mf, o, app.count("--api-key") > 0);
+  } catch (const std::exception& e) {
+    ppx::server::log::error(std::string("error: ") + e.what());
+    return 2;
   }
-  std::fprintf(stderr, code == 0 ? "server stopped cleanly\n" : "server stopped: device error\n");
-  return code;
 }
 
 }  // namespace

@@ -30,6 +30,10 @@ class ModelBackend {
   virtual std::unique_ptr<LmBatch> lm_batch(int slots, int dep_steps) = 0;
   // The CPU Mimi when this is the CPU backend (golden checks decode with it), else nullptr.
   virtual const Mimi* cpu_mimi() const { return nullptr; }
+  // Makes this backend's device current on the calling thread (CUDA: cudaSetDevice, which is per
+  // host thread). A thread other than the one that made the backend calls it before its first
+  // codec stream or stepper call; the server's session workers do.
+  virtual void attach_thread() {}
 };
 
 // Takes ownership of CPU models.
@@ -50,6 +54,9 @@ struct CudaOptions {
   // Programmatic dependent launch for the Mimi kernels where the device supports it (compute
   // capability 9.0+; measured faster, docs/PERF.md v0.2). --no-mimi-pdl turns it off.
   bool mimi_pdl = true;
+  // --device cuda:N: the device index among the visible ones (CUDA_VISIBLE_DEVICES), made current
+  // by make_cuda_backend on its calling thread and by ModelBackend::attach_thread on others.
+  int device = 0;
 };
 
 // The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device
@@ -60,10 +67,11 @@ std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSo
                                                 WeightSource* lm_weights, uint64_t random_seed, int codec_slots,
                                                 bool with_lm = true, const CudaOptions& options = {});
 
-// Why the CUDA engine cannot run here ("" when it can): no CUDA backend in this build, no usable
-// device, or a compute capability below 8.0 (the oldest the kernels are built for). Never throws;
-// the tools call it before anything loads and name the flag that asked for CUDA.
-std::string cuda_device_problem();
+// Why the CUDA engine cannot run on visible device `device` ("" when it can): no CUDA backend in
+// this build, no usable device, no device of that index, or a compute capability below 8.0 (the
+// oldest the kernels are built for). Never throws; the tools call it before anything loads and
+// name the flag that asked for CUDA.
+std::string cuda_device_problem(int device = 0);
 
 // Runs a second codec stream on the same audio and discards its output: upstream's server runs
 // such an "other_mimi", and the stock benchmark reproduces its cost.

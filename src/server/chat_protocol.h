@@ -36,6 +36,7 @@ class ChatProtocol final : public Protocol {
   explicit ChatProtocol(SessionHub& hub);
   ~ChatProtocol() override;
 
+  const char* endpoint() const override { return "/api/chat"; }
   bool text_frames() const override { return false; }
   size_t max_message_bytes() const override { return kMaxMessageBytes; }
   std::string prepare(const std::string& query) override;

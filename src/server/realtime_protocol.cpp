@@ -6,6 +6,7 @@
 #include <random>
 
 #include "server/http_util.h"
+#include "server/log.h"
 
 namespace ppx::server {
 
@@ -73,8 +74,8 @@ Json RealtimeProtocol::event(const char* type) {
 void RealtimeProtocol::emit(const Json& ev) {
   std::string s = ev.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (s.size() > kMaxServerEventBytes) {  // bounded by construction; never sent if not
-    std::fprintf(stderr, "realtime: dropping a %zu-byte %s event\n", s.size(),
-                 ev.value("type", "").c_str());
+    log::error("realtime: dropping an oversized server event",
+               {{"session", core_->id()}, {"bytes", s.size()}, {"type", ev.value("type", "")}});
     return;
   }
   core_->send(s);

@@ -44,6 +44,7 @@ class RealtimeProtocol final : public Protocol {
  public:
   RealtimeProtocol(SessionHub& hub, bool beta);
 
+  const char* endpoint() const override { return "/v1/realtime"; }
   bool text_frames() const override { return true; }
   size_t max_message_bytes() const override { return kMaxRealtimeMessageBytes; }
   std::string prepare(const std::string& query) override;

@@ -24,6 +24,7 @@
 #include "ppx/error.h"
 #include "server/chat_protocol.h"
 #include "server/http_util.h"
+#include "server/log.h"
 #include "server/realtime_protocol.h"
 #include "server/session_hub.h"
 #include "server/web_assets.h"
@@ -219,8 +220,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     try {
       route(req);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "http: %s failed: %s\n", std::string(req.target().substr(0, 80)).c_str(),
-                   e.what());
+      log::error("http request failed",
+                 {{"target", std::string(req.target().substr(0, 80))}, {"error", e.what()}});
       reply(req, http::status::internal_server_error, "text/plain", "internal server error\n");
     }
   }
@@ -305,6 +306,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       j["ready"] = ready;
       j["model"] = hub_->model.description;
       j["device"] = hub_->model.backend->device();
+      if (hub_->model.device_index >= 0)
+        j["device_index"] = hub_->model.device_index;
+      else
+        j["device_index"] = nullptr;
       j["speed_flags"] = hub_->model.speed_flags;
       j["sessions_in_use"] = in_use;
       j["max_sessions"] = hub_->opts.max_sessions;
@@ -429,8 +434,8 @@ struct Server::Impl {
         accept_backoff = std::clamp(accept_backoff * 2, std::chrono::milliseconds(10),
                                     std::chrono::milliseconds(1000));
         if (accept_backoff >= std::chrono::milliseconds(1000) || accept_backoff.count() == 10)
-          std::fprintf(stderr, "accept failed (%s): retrying in %lld ms\n", ec.message().c_str(),
-                       static_cast<long long>(accept_backoff.count()));
+          log::warn("accept failed, retrying",
+                    {{"error", ec.message()}, {"retry_ms", static_cast<int64_t>(accept_backoff.count())}});
         accept_timer.expires_after(accept_backoff);
         accept_timer.async_wait([this](beast::error_code e) {
           if (!e) do_accept();
@@ -441,7 +446,7 @@ struct Server::Impl {
       try {
         on_socket(std::move(s));
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "connection setup failed: %s\n", e.what());
+        log::error("connection setup failed", {{"error", e.what()}});
       }
       do_accept();
     });
@@ -475,9 +480,9 @@ struct Server::Impl {
         ioc.run();
         return;
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "I/O thread: uncaught exception: %s (serving on)\n", e.what());
+        log::error("I/O thread: uncaught exception (serving on)", {{"error", e.what()}});
       } catch (...) {
-        std::fprintf(stderr, "I/O thread: uncaught exception (serving on)\n");
+        log::error("I/O thread: uncaught exception (serving on)");
       }
     }
   }
@@ -510,7 +515,7 @@ struct Server::Impl {
     {
       std::unique_lock<std::mutex> lk(hub->mu);
       const int live = hub->in_use;
-      if (live > 0) std::fprintf(stderr, "draining: %d session(s), at most %g s\n", live, drain_s);
+      if (live > 0) log::info("draining", {{"sessions", live}, {"drain_timeout_s", drain_s}});
       hub->cv.wait_for(lk, std::chrono::duration<double>(drain_s),
                        [&] { return hub->in_use == 0 || hub->stopping; });
     }
@@ -532,7 +537,7 @@ struct Server::Impl {
       // However long a model step takes: no worker may outlive the model.
       std::unique_lock<std::mutex> lk(hub->mu);
       while (!hub->cv.wait_for(lk, std::chrono::seconds(5), [&] { return hub->workers == 0; }))
-        std::fprintf(stderr, "stopping: waiting for %d session worker(s)\n", hub->workers);
+        log::warn("stopping: waiting for session workers", {{"workers", hub->workers}});
     }
     std::vector<std::thread> workers;
     {
@@ -580,6 +585,7 @@ ServerModel server_model(const app::LoadedModel& m) {
   sm.sample_rate = m.cfg.mimi.sample_rate;
   sm.frame_samples = m.cfg.mimi.frame_samples();
   sm.description = m.description;
+  sm.device_index = m.device_index;
   sm.dep_steps = m.dep_steps;
   sm.speed_flags = m.speed_flags;
   return sm;
@@ -611,7 +617,7 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
       impl->hub->device_error = what;
       impl->exit_code = kExitDeviceError;
     }
-    std::fprintf(stderr, "device error: %s; ending every session and exiting\n", what.c_str());
+    log::error("device error: ending every session and exiting", {{"error", what}});
     impl->begin_shutdown(0.0, SessionEnd::kDeviceError,
                          "server error: the GPU failed; the server restarts, reconnect shortly");
   };

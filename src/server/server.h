@@ -67,6 +67,7 @@ struct ServerModel {
   int sample_rate = 24000;
   int frame_samples = 1920;
   std::string description;  // reported by /health
+  int device_index = -1;     // the CUDA device (--device cuda:N), reported by /health; -1: the CPU
   int dep_steps = -1;        // --dep-q-exit (-1: all depformer steps)
   std::string speed_flags;   // the speed flags in effect, reported by /health
 };

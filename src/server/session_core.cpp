@@ -1,12 +1,14 @@
 #include "server/session_core.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
 #include "ppx/audio.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
+#include "server/log.h"
 
 namespace ppx::server {
 
@@ -138,7 +140,7 @@ void SessionCore::begin(const std::string& query) {
     hub_->metrics.session_started();
     protocol_->on_open();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "session setup failed: %s\n", e.what());
+    log::error("session setup failed", {{"session", id_}, {"endpoint", protocol_->endpoint()}, {"error", e.what()}});
     reject(Rejection::kInternalError, std::string("internal error: ") + e.what());
   }
 }
@@ -171,7 +173,12 @@ void SessionCore::worker(int slot) {
   const auto t0 = Clock::now();
   SessionEnd why = SessionEnd::kSessionError;
   std::string text;
+  const char* endpoint = protocol_->endpoint();
   try {
+    log::info("session started", {{"session", id_}, {"slot", slot}, {"endpoint", endpoint}});
+    // This thread steps the codec (and on CUDA launches its graphs): the backend's device must be
+    // current here too, not only on the thread that loaded the model.
+    hub_->model.backend->attach_thread();
     why = run(slot, text);
   } catch (const DeviceError& e) {
     why = SessionEnd::kDeviceError;
@@ -183,10 +190,16 @@ void SessionCore::worker(int slot) {
   }
   try {
     protocol_->on_end(why, text);
-    std::fprintf(stderr, "session (slot %d): ended after %.1f s, %lld frames: %s%s%s\n", slot,
-                 std::chrono::duration<double>(Clock::now() - t0).count(),
-                 static_cast<long long>(frames_), label(why), text.empty() ? "" : ": ",
-                 text.c_str());
+    const double duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    log::info("session ended",
+              {{"session", id_},
+               {"slot", slot},
+               {"endpoint", endpoint},
+               {"duration_s", std::round(duration_s * 1000.0) / 1000.0},
+               {"frames", frames_},
+               {"end_reason", label(why)},
+               {"budget_misses", budget_misses_},
+               {"detail", text.empty() ? nlohmann::json() : nlohmann::json(text)}});
     hub_->metrics.session_ended(why);
     enqueue_close();
   } catch (const std::exception&) {
@@ -245,8 +258,8 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
     if (!pump_input(why, detail)) return early(why);
     proto.drop_early_input();
   }
-  std::fprintf(stderr, "session (slot %d): started, voice '%s', %zu-byte text prompt\n", slot,
-               p.voice_path.c_str(), p.text_prompt.size());
+  log::info("session prompts",
+            {{"session", id_}, {"voice", p.voice_path}, {"text_prompt_bytes", p.text_prompt.size()}});
   // A client that left at once (connect/reset churn) costs no model state.
   if (!alive()) return ended_early();
   SystemPrompt prompt;
@@ -320,8 +333,9 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
       const std::vector<float> pcm = proto.take(static_cast<size_t>(fs));
       const auto t_frame = Clock::now();
       const auto fr = conv.step(pcm.data());
-      hub_->metrics.frame(std::chrono::duration<double, std::milli>(Clock::now() - t_frame).count(),
-                          1000.0 * fs / sr);
+      const double frame_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_frame).count();
+      hub_->metrics.frame(frame_ms, 1000.0 * fs / sr);
+      budget_misses_ += frame_ms > 1000.0 * fs / sr;
       if (!fr) continue;
       proto.on_frame(fr->pcm, fr->text_token, text_piece(*m.tokenizer, fr->text_token));
       ++frames_;

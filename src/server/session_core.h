@@ -32,6 +32,7 @@
 
 #include "ppx/lm_gen.h"
 #include "server/end_reason.h"
+#include "server/log.h"
 #include "server/session_hub.h"
 
 namespace ppx::server {
@@ -69,6 +70,8 @@ class Protocol {
   virtual ~Protocol() = default;
   void attach(SessionCore* core) { core_ = core; }
 
+  // The path it serves ("/api/chat", "/v1/realtime"), for the log.
+  virtual const char* endpoint() const = 0;
   // Outgoing messages are WebSocket text frames (else binary).
   virtual bool text_frames() const = 0;
   // Largest client message the transport reads; a longer one ends the connection.
@@ -129,6 +132,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   SessionHub& hub() { return *hub_; }
   Protocol& protocol() { return *protocol_; }
+  // Unique in the process and unlikely to repeat across servers; names the session in the log.
+  const std::string& id() const { return id_; }
 
  protected:
   using Clock = std::chrono::steady_clock;
@@ -155,7 +160,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   SessionEnd killed(std::string& detail);
 
   std::unique_ptr<Protocol> protocol_;
-  int64_t frames_ = 0;  // worker only
+  const std::string id_ = log::new_session_id();
+  int64_t frames_ = 0;         // worker only
+  int64_t budget_misses_ = 0;  // worker only: frames whose step took longer than the frame
   std::mutex mu_;       // guards the members below
   std::condition_variable cv_;
   bool alive_ = true;

@@ -147,9 +147,11 @@ class CudaBackend : public ModelBackend {
                      : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_options(opt))),
         slots_(slots),
         used_(slots, false),
+        device_index_(opt.device),
         device_("cuda: " + cuda::device_description()) {}
   // Cached: /health asks for it, and must not touch a device that may have failed.
   std::string device() const override { return device_; }
+  void attach_thread() override { PPX_CUDA_CHECK(cudaSetDevice(device_index_)); }
   std::unique_ptr<CodecStream> codec_stream(int slot) override {
     if (slot < 0 || slot >= slots_)
       throw Error("codec slot " + std::to_string(slot) + " out of range");
@@ -174,16 +176,20 @@ class CudaBackend : public ModelBackend {
   std::unique_ptr<cuda::CudaLm> lm_;
   int slots_;
   std::vector<bool> used_;
+  int device_index_;
   std::string device_;
 };
 
 }  // namespace
 
-std::string cuda_device_problem() {
-  if (cuda::device_count() == 0) return "no usable CUDA device (driver or GPU missing)";
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+std::string cuda_device_problem(int dev) {
+  const int count = cuda::device_count();
+  if (count == 0) return "no usable CUDA device (driver or GPU missing)";
+  if (dev < 0 || dev >= count)
+    return "no CUDA device " + std::to_string(dev) + ": " + std::to_string(count) +
+           " visible (0.." + std::to_string(count - 1) + "; CUDA_VISIBLE_DEVICES selects which)";
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
     cudaGetLastError();
     return "cannot query the CUDA device";
@@ -199,7 +205,12 @@ std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSo
                                                 int codec_slots, bool with_lm, const CudaOptions& options) {
   if (cuda::device_count() == 0)
     throw Error("--device cuda: no usable CUDA device (driver or GPU missing)");
+  if (const std::string why = cuda_device_problem(options.device); !why.empty())
+    throw Error("--device cuda:" + std::to_string(options.device) + ": " + why);
   if (with_lm && !cfg.lm) throw Error("the config has no lm section");
+  // Everything below (weights, graphs, streams) lives on that device; other threads that use the
+  // backend make it current with attach_thread().
+  PPX_CUDA_CHECK(cudaSetDevice(options.device));
   return std::make_unique<CudaBackend>(cfg, mimi_weights, lm_weights, random_seed, codec_slots,
                                        with_lm, options);
 }
