@@ -191,15 +191,22 @@ void SessionCore::worker(int slot) {
   try {
     protocol_->on_end(why, text);
     const double duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    log::info("session ended",
-              {{"session", id_},
-               {"slot", slot},
-               {"endpoint", endpoint},
-               {"duration_s", std::round(duration_s * 1000.0) / 1000.0},
-               {"frames", frames_},
-               {"end_reason", label(why)},
-               {"budget_misses", budget_misses_},
-               {"detail", text.empty() ? nlohmann::json() : nlohmann::json(text)}});
+    // Leaving, timeouts, limits and shutdown are routine; a refused audio stream or a failed
+    // session (a bad voice file, an internal error) is worth a look; a failed device ends the server.
+    log::Level level = log::Level::kInfo;
+    if (why == SessionEnd::kDeviceError)
+      level = log::Level::kError;
+    else if (why == SessionEnd::kBadAudio || why == SessionEnd::kInputOverflow || why == SessionEnd::kSessionError)
+      level = log::Level::kWarn;
+    log::write(level, "session ended",
+               {{"session", id_},
+                {"slot", slot},
+                {"endpoint", endpoint},
+                {"duration_s", std::round(duration_s * 1000.0) / 1000.0},
+                {"frames", frames_},
+                {"end_reason", label(why)},
+                {"budget_misses", budget_misses_},
+                {"detail", text.empty() ? nlohmann::json() : nlohmann::json(text)}});
     hub_->metrics.session_ended(why);
     enqueue_close();
   } catch (const std::exception&) {
