@@ -40,6 +40,11 @@ TEST_F(ServerTest, HealthAndVoices) {
   EXPECT_EQ(h["status"], "ok");
   const char* dev = std::getenv("PPX_TEST_DEVICE");
   EXPECT_EQ(h["device"].get<std::string>().rfind(dev ? dev : "cpu", 0), 0u) << h["device"];
+  // The N of --device cuda:N; none on the CPU.
+  if (dev && std::string(dev) == "cuda")
+    EXPECT_EQ(h["device_index"], 0) << h;
+  else
+    EXPECT_TRUE(h["device_index"].is_null()) << h;
   EXPECT_EQ(h["sessions_in_use"], 0);
   EXPECT_EQ(h["max_sessions"], 1);
   // The symlink pointing outside the directory is not listed.
