@@ -111,8 +111,10 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
     throw Error("--dep-q-exit " + std::to_string(f.dep_q_exit) + ": must be -1 (all) or " +
                 std::to_string(agent_codebooks) + ".." + std::to_string(lm.dep_q) +
                 " (the agent's codebooks are needed to decode the audio)");
-  // "--device cuda:1" in messages when that is what was asked for.
-  const std::string device_flag = "--device " + f.device_flag;
+  // "--device cuda:1" in messages when that is what was asked for (a caller that sets `device`
+  // alone leaves device_flag at its default).
+  const std::string device_flag =
+      "--device " + (f.device_flag.rfind(f.device, 0) == 0 ? f.device_flag : f.device);
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
   if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
