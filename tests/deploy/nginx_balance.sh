@@ -152,11 +152,11 @@ ready=$(http "$nport" /health/ready)
 grep -q '^HTTP/1.1 200' <<<"$ready" || fail "/health/ready through nginx: $ready"
 
 # Two clients: one on each server.
-client c1 "$nport" 5
+client c1 "$nport" 7
 one_in_use() { [ "$(($(in_use "$pa") + $(in_use "$pb")))" -eq 1 ]; }
 wait_for 30 one_in_use || fail "the first client did not take a slot"
 if is_in_use "$pa" 1; then first=$pa other=$pb; else first=$pb other=$pa; fi
-client c2 "$nport" 9
+client c2 "$nport" 12
 wait_for 30 is_in_use "$other" 1 || fail "the second client did not land on the other server"
 is_in_use "$first" 1 || fail "the first server lost its session"
 echo "two clients through nginx: one on :$first, one on :$other"
