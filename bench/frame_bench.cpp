@@ -9,6 +9,10 @@
 // added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
 // budget (two frames). Batch steps are counted once every session is in its timed frames.
 //
+// --lm-batch B1 B2 ...: the batched LM step alone at each batch size (one LmBatch with max(B)
+// slots, every row a session with random provided audio tokens and sampled text and agent tokens):
+// step wall time p50/p99/p99.9 per batch size, --frames steps after --warmup.
+//
 //   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N] [--out FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "apps/common.h"
@@ -65,6 +70,7 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   for (int s = 0; s < sessions; ++s) {
     threads.emplace_back([&, s] {
       try {
+        m.backend->attach_thread();  // --device cuda:N: this thread's codec work on that device
         std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(s);
         auto stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
         ppx::Conversation conv(*codec, *stepper, gen);
@@ -123,6 +129,63 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   return 0;
 }
 
+// --lm-batch (see the top of this file).
+int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& sizes,
+                   int frames, int warmup, int argc, char** argv, const std::string& out) {
+  const ppx::LmConfig& c = *m.cfg.lm;
+  const int max_b = *std::max_element(sizes.begin(), sizes.end());
+  auto batch = m.backend->lm_batch(max_b, m.dep_steps);
+  batch->attach_thread();
+  const int K = c.n_q + 1, half = c.n_q / 2;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, c.card - 1);
+  // Row b's request: the previous column (random tokens), the target column with the user's
+  // codebooks provided (as in conversation) and the text and agent streams sampled.
+  std::vector<std::vector<int64_t>> input(max_b, std::vector<int64_t>(K)), target(max_b, std::vector<int64_t>(K));
+  std::vector<std::vector<uint8_t>> provided(max_b, std::vector<uint8_t>(K, 0));
+  std::vector<ppx::StepRequest> req(max_b);
+  std::vector<ppx::StepResult> res(max_b);
+  std::vector<ppx::BatchStep> steps(max_b);
+  nlohmann::ordered_json per_b = nlohmann::ordered_json::array();
+  for (const int B : sizes) {
+    for (int b = 0; b < B; ++b) batch->open(b, *m.cfg.lm_gen, 42424242 + static_cast<uint64_t>(b));
+    std::vector<double> ms;
+    for (int f = 0; f < warmup + frames; ++f) {
+      for (int b = 0; b < B; ++b) {
+        for (int k = 0; k < K; ++k) {
+          input[b][k] = k == 0 ? 3 : tok(rng);
+          target[b][k] = k > half ? tok(rng) : 0;
+          provided[b][k] = k > half ? 1 : 0;
+        }
+        req[b] = ppx::StepRequest{input[b].data(), nullptr, target[b].data(), provided[b].data(), nullptr};
+        steps[b] = ppx::BatchStep{b, &req[b], &res[b], nullptr};
+      }
+      const double t0 = ppx::app::now_ms();
+      batch->run(steps.data(), B);
+      if (f >= warmup) ms.push_back(ppx::app::now_ms() - t0);
+    }
+    nlohmann::ordered_json e;
+    e["batch"] = B;
+    e["step_ms"] = ppx::app::latency_stats(ms);
+    e["ms_per_session_p50"] = e["step_ms"]["p50"].get<double>() / B;
+    per_b.push_back(e);
+  }
+  nlohmann::ordered_json j;
+  j["bench"] = "lm_batch";
+  j["model"] = m.description;
+  j["device"] = m.backend->device();
+  j["flags"] = {{"dep_steps", m.dep_steps < 0 ? c.dep_q : m.dep_steps},
+                {"w8a16", mf.w8a16 || mf.fast},
+                {"speed_flags", m.speed_flags}};
+  j["frames"] = frames;
+  j["warmup"] = warmup;
+  j["batches"] = per_b;
+  j["machine"] = ppx::app::machine_info();
+  j["command"] = ppx::app::command_line(argc, argv);
+  ppx::app::emit_json(j, out);
+  return 0;
+}
+
 int bench(int argc, char** argv) {
   CLI::App app{"Per-frame latency of the full conversation step (encode, LM, decode)"};
   ppx::app::ModelFlags mf;
@@ -138,10 +201,19 @@ int bench(int argc, char** argv) {
   app.add_option("--sessions", sessions,
                  "N real-time sessions through the frame scheduler (0: one session, back to back)")
       ->check(CLI::Range(0, 4096));
+  std::vector<int> batch_sizes;
+  app.add_option("--lm-batch", batch_sizes,
+                 "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
+      ->check(CLI::Range(1, 4096));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!batch_sizes.empty()) {
+    if (sessions > 0 || soak_minutes > 0) throw ppx::Error("--lm-batch cannot be combined with --sessions or --soak");
+    const ppx::app::LoadedModel m = ppx::app::load_model(mf);
+    return bench_lm_batch(m, mf, batch_sizes, frames, warmup, argc, argv, out);
   }
   if (sessions > 0) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");

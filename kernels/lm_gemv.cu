@@ -30,7 +30,30 @@ void gemv_init() {
   gemv_impl::init_int8();
 }
 
+namespace {
+void gemv_chunk(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+}  // namespace
+
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
+  if (a.B < 1) throw std::runtime_error("gemv: B must be at least 1");
+  // Batches past kMaxGemvBatch run as chunks of it, each reading the weights again (from HBM: a
+  // layer's weights do not stay in L2). A tensor-core GEMM that reads them once is the batched
+  // scheduler's next step (issue #14).
+  for (int b0 = 0; b0 < a.B; b0 += kMaxGemvBatch) {
+    GemvArgs c = a;
+    c.B = a.B - b0 < kMaxGemvBatch ? a.B - b0 : kMaxGemvBatch;
+    c.x = a.x + static_cast<int64_t>(b0) * a.x_stride;
+    if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
+    if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
+    if (a.token) c.token = a.token + b0;
+    if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
+    gemv_chunk(in, out, c, s);
+  }
+}
+
+namespace {
+
+void gemv_chunk(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // The one place the weight format is chosen: fp8 when w8 is set, int8 when wi8 is, else bf16.
   const bool fp8 = a.w8 != nullptr, int8 = a.wi8 != nullptr;
   if (fp8 && int8) throw std::runtime_error("gemv: both fp8 and int8 weights given");
@@ -50,5 +73,7 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     gemv_impl::dispatch<__nv_bfloat16>(in, out, a, s);
   }
 }
+
+}  // namespace
 
 }  // namespace ppx::kern

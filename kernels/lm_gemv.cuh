@@ -29,6 +29,9 @@ namespace ppx::kern {
 enum class GemvIn { kPlain, kRmsNorm, kSiluGate, kEmbRmsNorm };
 enum class GemvOut { kStore, kResidual, kLogits, kGateUp };
 
+// Batch rows one kernel launch computes; gemv() runs larger batches as chunks of this many.
+constexpr int kMaxGemvBatch = 4;
+
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major (bf16 weights; unused when w8 is set)
   const __nv_fp8_e4m3* w8 = nullptr;  // [N, K] row-major fp8 weights; when set, K % 16 == 0
@@ -36,7 +39,7 @@ struct GemvArgs {
   const float* w_scale = nullptr;      // with w8 or wi8: [N] dequantization scale of each weight row
   const __nv_bfloat16* x = nullptr;  // [B, x_stride]; kSiluGate reads [B, 2K] within the stride
   int64_t x_stride = 0;              // elements between batch rows of x
-  int N = 0, K = 0, B = 1;           // K % 8 == 0, 1 <= B <= 4
+  int N = 0, K = 0, B = 1;           // K % 8 == 0, B >= 1 (kernels take kMaxGemvBatch rows at once)
   const __nv_bfloat16* alpha = nullptr;  // kRmsNorm: [K]
   float eps = 1e-8f;
   __nv_bfloat16* y = nullptr;        // kStore / kResidual / kGateUp: [B, y_stride]
@@ -48,6 +51,8 @@ struct GemvArgs {
   int table_rows = 0;
 };
 
+// B > kMaxGemvBatch: one launch per chunk of kMaxGemvBatch rows (x, y / yf, token, x_out offset by
+// their strides), each reading the weights again.
 // Must be called once before the first launch (and before graph capture).
 void gemv_init();
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);

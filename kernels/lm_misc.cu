@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
     return s_choice;
   };
 
-  const float temp = a.temp[b];
+  const int si = a.slot ? a.slot[b] : b;  // the session parameters' index
+  const float temp = a.temp[si];
   int choice;
   if (a.force && a.force[b] >= 0) {
     choice = a.force[b];
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
     choice = block_argmax([&](int i) { return lg[i]; }, [](int) { return true; });
   } else {
     // k-th largest key by 4 rounds of 8-bit radix selection.
-    const int k = (a.top_k[b] > 0 && a.top_k[b] < n) ? a.top_k[b] : n;
+    const int k = (a.top_k[si] > 0 && a.top_k[si] < n) ? a.top_k[si] : n;
     uint32_t threshold = 0;
     if (k < n) {
       if (threadIdx.x == 0) {
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
       for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, lg[i]);
       return m;
     }(), red);
-    const uint64_t base = mix64(a.seed[b] ^ mix64(a.counter[b] * 0x9e3779b97f4a7c15ull + a.stream_id));
+    const uint64_t base = mix64(a.seed[si] ^ mix64(a.counter[si] * 0x9e3779b97f4a7c15ull + a.stream_id));
     choice = block_argmax(
         [&](int i) {
           const uint64_t h = mix64(base + static_cast<uint64_t>(i) * 0xd1342543de82ef95ull);

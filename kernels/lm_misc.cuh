@@ -19,6 +19,9 @@ struct SampleArgs {
   const float* logits = nullptr;  // [B, logits_stride] fp32 (bf16-valued)
   int64_t logits_stride = 0;
   int n = 0;                      // vocabulary
+  // The session parameters temp, top_k, seed and counter are indexed by batch row b, or, when
+  // `slot` is set, by slot[b] (the batched stepper keeps them per session slot).
+  const int32_t* slot = nullptr;  // [B] or nullptr
   const float* temp = nullptr;    // [B] temperature; <= 0 means greedy
   const int32_t* top_k = nullptr; // [B] 0 = all
   const uint64_t* seed = nullptr; // [B]

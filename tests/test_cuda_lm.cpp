@@ -507,9 +507,10 @@ TEST(CudaLmW8a16, RandomWeightsFullSizeSmoke) {
   std::printf("full-size random weights: w8a16 vs bf16 text logits rel L2 over %d steps %.4g\n", steps, worst);
 }
 
-// The frame scheduler on CUDA (one stepper per slot, made at startup; a batch step launches every
-// session's graphs before collecting any): a session's tokens, greedy and sampled, are exactly
-// those of a stepper of its own, beside 7 others that join, leave and reuse slots mid-stream.
+// The frame scheduler on CUDA (CudaLmBatch: one batched step for every session with a step ready,
+// state per slot, graphs per batch-size bucket): a session's tokens, greedy and sampled, are
+// exactly those of a batch-1 stepper of its own, beside 7 others that join, leave and reuse slots
+// mid-stream (so batches of 1..8 rows, padded to the buckets 1, 2, 4, 8).
 TEST(CudaScheduler, BatchedTokensEqualAlone) {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_lm.h"
+#include "backend/cuda/cuda_lm_batch.h"
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
 #include "engine/backend.h"
@@ -102,40 +103,6 @@ cuda::CudaLmOptions lm_options(const CudaOptions& o) {
   return l;
 }
 
-// The scheduler's LM state on CUDA: one batch-1 stepper per slot, all made (KV caches allocated,
-// graphs captured) at startup. A batch step launches every session's step graph on its slot's
-// streams, then collects them, so the steps overlap on the device; each still reads the weights
-// once (the batched kernels that read them once per batch step are issue #14's next part).
-class CudaStepperBatch : public LmBatch {
- public:
-  CudaStepperBatch(const cuda::CudaLm& lm, int slots, int dep_steps, int device) : lm_(lm), device_(device) {
-    steppers_.reserve(static_cast<size_t>(slots));
-    for (int i = 0; i < slots; ++i)
-      steppers_.push_back(std::make_unique<cuda::CudaLmStepper>(lm, cuda::SamplingParams{}, dep_steps));
-  }
-  const LmConfig& config() const override { return lm_.config(); }
-  int slots() const override { return static_cast<int>(steppers_.size()); }
-  int depformer_steps() const override { return steppers_.empty() ? lm_.config().dep_q : steppers_[0]->depformer_steps(); }
-  void attach_thread() override { PPX_CUDA_CHECK(cudaSetDevice(device_)); }
-  void open(int slot, const LmGenConfig& gen, uint64_t seed) override {
-    at(slot).set_sampling(cuda::SamplingParams::from(gen, seed));
-  }
-  void reset(int slot) override { at(slot).reset(); }
-  void run(const BatchStep* steps, int n) override {
-    for (int i = 0; i < n; ++i) at(steps[i].slot).launch(*steps[i].req, steps[i].logits);
-    for (int i = 0; i < n; ++i) at(steps[i].slot).collect(*steps[i].out);
-  }
-
- private:
-  cuda::CudaLmStepper& at(int slot) {
-    if (slot < 0 || slot >= slots()) throw Error("LM slot " + std::to_string(slot) + " out of range");
-    return *steppers_[static_cast<size_t>(slot)];
-  }
-  const cuda::CudaLm& lm_;
-  int device_;
-  std::vector<std::unique_ptr<cuda::CudaLmStepper>> steppers_;
-};
-
 class CudaBackend : public ModelBackend {
  public:
   CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots,
@@ -165,9 +132,7 @@ class CudaBackend : public ModelBackend {
   }
   std::unique_ptr<LmBatch> lm_batch(int slots, int dep_steps) override {
     if (!lm_) throw Error("this CUDA backend was built without the LM");
-    int dev = 0;
-    PPX_CUDA_CHECK(cudaGetDevice(&dev));
-    return std::make_unique<CudaStepperBatch>(*lm_, slots, dep_steps, dev);
+    return std::make_unique<cuda::CudaLmBatch>(*lm_, slots, dep_steps, device_index_);
   }
 
  private:

@@ -44,6 +44,21 @@ bool is_linear(const std::string& key, const std::vector<int64_t>& shape) {
 
 size_t pad64(int64_t n) { return (static_cast<size_t>(n) + 63) / 64 * 64; }
 
+
+// Depformer step st adds the embedding of the previous stream's token: the text table at step 0,
+// then audio table st - 1.
+struct StepEmbedding {
+  const bf16* table;
+  int rows;
+};
+StepEmbedding step_embedding(const CudaLm& lm, int st) {
+  const LmConfig& c = lm.config();
+  return st == 0 ? StepEmbedding{lm.depformer_text_emb, c.text_card + 1}
+                 : StepEmbedding{lm.depformer_emb[st - 1], c.card + 1};
+}
+
+}  // namespace
+
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const bf16* x, int N, int K, bf16* y,
                   const bf16* alpha, int B, cudaStream_t s) {
@@ -59,20 +74,6 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, con
   w.set(a);
   kern::gemv(in, out, a, s);
 }
-
-// Depformer step st adds the embedding of the previous stream's token: the text table at step 0,
-// then audio table st - 1.
-struct StepEmbedding {
-  const bf16* table;
-  int rows;
-};
-StepEmbedding step_embedding(const CudaLm& lm, int st) {
-  const LmConfig& c = lm.config();
-  return st == 0 ? StepEmbedding{lm.depformer_text_emb, c.text_card + 1}
-                 : StepEmbedding{lm.depformer_emb[st - 1], c.card + 1};
-}
-
-}  // namespace
 
 LinearWeight LinearWeight::rows_from(int64_t first) const {
   LinearWeight r = *this;
@@ -652,25 +653,7 @@ void CudaLmStepper::enqueue_tail(cudaStream_t s) {
   PPX_CUDA_CHECK(cudaGetLastError());
 }
 
-void CudaLmStepper::set_sampling(const SamplingParams& sp) {
-  sync_all();
-  sp_ = sp;
-  const float temps[2] = {sp.temp_text, sp.temp_audio};
-  temp_.upload(temps, 2, stream_);
-  const int32_t topk[2] = {sp.top_k_text, sp.top_k_audio};
-  top_k_.upload(topk, 2, stream_);
-  seed_.upload(&sp.seed, 1, stream_);
-  counter_.zero(stream_);
-  pos_.zero(stream_);
-  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
 void CudaLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* logits) {
-  launch(req, logits);
-  collect(out);
-}
-
-void CudaLmStepper::launch(const StepRequest& req, StepLogits* logits) {
   const LmConfig& c = lm_.config();
   const int K = c.n_q + 1, S = c.dep_q;
   int32_t* h = h_req_.get();
@@ -709,12 +692,6 @@ void CudaLmStepper::launch(const StepRequest& req, StepLogits* logits) {
                                    static_cast<size_t>(dep_steps_) * c.card * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_));
   }
-  pending_wait_tail_ = wait_tail;
-}
-
-void CudaLmStepper::collect(StepResult& out) {
-  const int S = lm_.config().dep_q;
-  const bool wait_tail = pending_wait_tail_;
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
   if (tail_stream_) {

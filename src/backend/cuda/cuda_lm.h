@@ -48,6 +48,8 @@ class WeightSource;
 
 namespace ppx::kern {
 struct GemvArgs;
+enum class GemvIn;
+enum class GemvOut;
 }
 
 namespace ppx::cuda {
@@ -165,6 +167,11 @@ struct DepformerIo {
   int64_t logits_stride = 0;
 };
 
+// y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
+// or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
+void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const __nv_bfloat16* x, int N, int K,
+                  __nv_bfloat16* y, const __nv_bfloat16* alpha, int B, cudaStream_t s);
+
 // enqueue_depformer_inputs computes io.pre for steps [first, first + steps): bf16(depformer_in[s]
 // out_norm(x)), one GEMV (it does not depend on the sampled tokens). enqueue_depformer_kernels
 // then runs one step from io.pre as per-op kernels; its first QKV projection adds the previous
@@ -190,15 +197,6 @@ class CudaLmStepper : public LmStepper {
   const LmConfig& config() const override { return lm_.config(); }
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
-  // run() in two halves, so that one host thread can have several steppers' steps on the device at
-  // once: launch() enqueues the step (and the copies of `logits` when asked for, which must stay
-  // valid until collect()), collect() waits for it and fills `out`. Every launch() needs its collect()
-  // before the next launch().
-  void launch(const StepRequest& req, StepLogits* logits);
-  void collect(StepResult& out);
-  // A new session in this stepper: sampling `sp` with a fresh random stream, position 0 (what a
-  // newly made stepper has; no allocation, no capture: the graphs read these from device memory).
-  void set_sampling(const SamplingParams& sp);
   double deferred_ms() const override { return last_tail_ms_; }
   int depformer_steps() const override { return dep_steps_; }
   // Device time of the last run (ms) until its tokens were ready, measured with events.
@@ -235,7 +233,6 @@ class CudaLmStepper : public LmStepper {
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr, dep_done_ = nullptr;
   cudaEvent_t tail_ev_[2][2] = {};  // [frame parity][start, end]
   bool tail_ran_ = false;  // a previous run launched a tail (every run does)
-  bool pending_wait_tail_ = false;  // launch() -> collect(): the tail's tokens are needed
   int parity_ = 0;
   float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.

@@ -1,0 +1,320 @@
+#include "backend/cuda/cuda_lm_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "lm_attention.cuh"
+#include "lm_gemv.cuh"
+#include "lm_misc.cuh"
+#include "ppx/error.h"
+
+namespace ppx::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& body) {
+  cudaGraph_t g = nullptr;
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  PPX_CUDA_CHECK(e);
+  return exec;
+}
+
+}  // namespace
+
+CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
+    : lm_(lm), slots_(slots), rows_(slots), device_(device) {
+  const LmConfig& c = lm.config();
+  if (slots < 1) throw Error("CudaLmBatch: at least one slot");
+  dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
+  K_ = c.n_q + 1;
+  S_ = c.dep_q;
+  R_ = 2 * K_ + S_ + 3;
+  const int D = c.dim, H = c.ffn_hidden(), DD = c.depformer_dim, DH = c.depformer_ffn_hidden();
+  const size_t all = static_cast<size_t>(slots_) + 1;  // + the scratch slot
+  PPX_CUDA_CHECK(cudaSetDevice(device_));
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PPX_CUDA_CHECK(cudaEventCreate(&ev0_));
+  PPX_CUDA_CHECK(cudaEventCreate(&ev1_));
+  const size_t kv = static_cast<size_t>(c.num_layers) * all * c.context * D;
+  if (lm.kv_fp8()) {
+    k8_cache_.resize(kv);
+    v8_cache_.resize(kv);
+    const size_t sc = static_cast<size_t>(c.num_layers) * all * c.context * c.num_heads;
+    k_scale_.resize(sc);
+    v_scale_.resize(sc);
+  } else {
+    k_cache_.resize(kv);
+    v_cache_.resize(kv);
+  }
+  const size_t dkv = static_cast<size_t>(c.depformer_num_layers) * all * S_ * DD;
+  dk_cache_.resize(dkv);
+  dv_cache_.resize(dkv);
+  pos_.resize(all);
+  counter_.resize(all);
+  seed_.resize(all);
+  temp_text_.resize(all);
+  temp_audio_.resize(all);
+  top_k_text_.resize(all);
+  top_k_audio_.resize(all);
+  for (auto* b : {&pos_, &top_k_text_, &top_k_audio_}) b->zero(stream_);
+  counter_.zero(stream_);
+  seed_.zero(stream_);
+  temp_text_.zero(stream_);
+  temp_audio_.zero(stream_);
+
+  const size_t r = static_cast<size_t>(rows_);
+  in_.resize(r * R_);
+  provided_.resize(r * K_);
+  ext_.resize(r * D);
+  x_.resize(r * D);
+  qkv_.resize(r * 3 * D);
+  q_.resize(r * D);
+  att_.resize(r * D);
+  gu_.resize(r * 2 * H);
+  z_.resize(r * DD);
+  dqkv_.resize(r * 3 * DD);
+  datt_.resize(r * DD);
+  dgu_.resize(r * 2 * DH);
+  dpre_.resize(r * S_ * DD);
+  work_.resize(kern::attention_work_floats(rows_, c.num_heads, D / c.num_heads, c.context));
+  text_logits_.resize(r * c.text_card);
+  audio_logits_.resize(r * S_ * c.card);
+  sampled_.resize(r * (1 + S_));
+  next_.resize(r);
+  h_in_ = PinnedBuffer<int32_t>(r * R_);
+  h_prov_ = PinnedBuffer<uint8_t>(r * K_);
+  h_ext_ = PinnedBuffer<float>(r * D);
+  h_out_ = PinnedBuffer<int32_t>(r * (1 + S_));
+  in_.zero(stream_);
+  provided_.zero(stream_);
+  ext_.zero(stream_);
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  for (int b = 1; b < slots_; b *= 2) buckets_.push_back(b);
+  buckets_.push_back(slots_);
+  for (int b : buckets_) graphs_.push_back(capture_graph(stream_, [&] { enqueue_step(b, stream_); }));
+}
+
+CudaLmBatch::~CudaLmBatch() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (cudaGraphExec_t g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
+  if (ev0_) cudaEventDestroy(ev0_);
+  if (ev1_) cudaEventDestroy(ev1_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaLmBatch::attach_thread() { PPX_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void CudaLmBatch::check_slot(int slot) const {
+  if (slot < 0 || slot >= slots_) throw Error("LM slot " + std::to_string(slot) + " out of range");
+}
+
+void CudaLmBatch::open(int slot, const LmGenConfig& gen, uint64_t seed) {
+  check_slot(slot);
+  const SamplingParams sp = SamplingParams::from(gen, seed);
+  const int32_t zero32 = 0;
+  const uint64_t zero64 = 0;
+  PPX_CUDA_CHECK(cudaMemcpyAsync(temp_text_.get() + slot, &sp.temp_text, sizeof(float), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(temp_audio_.get() + slot, &sp.temp_audio, sizeof(float), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(top_k_text_.get() + slot, &sp.top_k_text, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(top_k_audio_.get() + slot, &sp.top_k_audio, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(seed_.get() + slot, &sp.seed, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(counter_.get() + slot, &zero64, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(pos_.get() + slot, &zero32, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaLmBatch::reset(int slot) {
+  check_slot(slot);
+  const int32_t zero32 = 0;
+  PPX_CUDA_CHECK(cudaMemcpyAsync(pos_.get() + slot, &zero32, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaLmBatch::enqueue_sample(int B, int stream_index, const float* logits, int64_t stride, int n,
+                                 cudaStream_t s) {
+  int32_t* force = in_.get() + static_cast<size_t>(B) * K_;
+  int32_t* target = force + static_cast<size_t>(B) * (1 + S_);
+  int32_t* slot = target + static_cast<size_t>(B) * K_ + B;
+  kern::SampleArgs a;
+  a.logits = logits;
+  a.logits_stride = stride;
+  a.n = n;
+  a.slot = slot;
+  a.temp = stream_index == 0 ? temp_text_.get() : temp_audio_.get();
+  a.top_k = stream_index == 0 ? top_k_text_.get() : top_k_audio_.get();
+  a.seed = seed_.get();
+  a.counter = counter_.get();
+  a.stream_id = stream_index;
+  a.force = force + static_cast<size_t>(stream_index) * B;
+  a.target = target + static_cast<size_t>(stream_index) * B;
+  a.provided = provided_.get() + static_cast<size_t>(stream_index) * B;
+  a.sampled = sampled_.get() + static_cast<size_t>(stream_index) * B;
+  a.next = next_.get();
+  kern::sample_tokens(a, B, s);
+}
+
+void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int D = c.dim, H = c.ffn_hidden(), V = c.text_card, DD = c.depformer_dim;
+  const size_t all = static_cast<size_t>(slots_) + 1;
+  int32_t* tok = in_.get();
+  int32_t* use_ext = tok + static_cast<size_t>(B) * (K_ + 1 + S_ + K_);
+  int32_t* slot = use_ext + B;
+  kern::embed_sum(lm_.emb_tables.get(), lm_.emb_rows.get(), K_, tok, use_ext, ext_.get(), D, B, x_.get(), s);
+  kern::RingArgs ring;
+  ring.C = c.context;
+  ring.H = c.num_heads;
+  ring.hd = D / c.num_heads;
+  ring.context = c.context;
+  ring.pos = pos_.get();
+  ring.slot = slot;
+  const size_t layer_kv = all * c.context * D;
+  const size_t layer_sc = all * c.context * c.num_heads;
+  using kern::GemvIn;
+  using kern::GemvOut;
+  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const CudaLm::Temporal& L = lm_.layers[l];
+    if (lm_.kv_fp8()) {
+      ring.k8 = k8_cache_.get() + l * layer_kv;
+      ring.v8 = v8_cache_.get() + l * layer_kv;
+      ring.k_scale = k_scale_.get() + l * layer_sc;
+      ring.v_scale = v_scale_.get() + l * layer_sc;
+    } else {
+      ring.k = k_cache_.get() + l * layer_kv;
+      ring.v = v_cache_.get() + l * layer_kv;
+    }
+    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
+    kern::rope_append(qkv_.get(), q_.get(), ring, B, static_cast<float>(c.max_period), s);
+    kern::ring_attention(q_.get(), ring, B, work_.get(), att_.get(), s);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
+  }
+  {
+    kern::GemvArgs a;
+    a.x = x_.get();
+    a.x_stride = D;
+    a.N = V;
+    a.K = D;
+    a.B = B;
+    a.alpha = lm_.out_norm;
+    a.yf = text_logits_.get();
+    a.y_stride = V;
+    lm_.text_linear.set(a);
+    kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
+  }
+  enqueue_sample(B, 0, text_logits_.get(), V, V, s);
+  DepformerIo io;
+  io.B = B;
+  io.x = x_.get();
+  io.token = next_.get();
+  io.k_ring = dk_cache_.get();
+  io.v_ring = dv_cache_.get();
+  io.ring_layer_stride = static_cast<int64_t>(all) * S_ * DD;
+  io.slot = slot;
+  io.z = z_.get();
+  io.qkv = dqkv_.get();
+  io.att = datt_.get();
+  io.gu = dgu_.get();
+  io.pre = dpre_.get();
+  io.pre_stride = static_cast<int64_t>(S_) * DD;
+  io.logits = audio_logits_.get();
+  io.logits_stride = static_cast<int64_t>(S_) * c.card;
+  if (dep_steps_ > 0) enqueue_depformer_inputs(lm_, io, 0, dep_steps_, s);
+  for (int st = 0; st < dep_steps_; ++st) {
+    enqueue_depformer_kernels(lm_, io, st, s);
+    enqueue_sample(B, 1 + st, audio_logits_.get() + static_cast<size_t>(st) * c.card, io.logits_stride, c.card, s);
+  }
+  kern::advance(pos_.get(), counter_.get(), slot, B, s);
+  PPX_CUDA_CHECK(cudaMemcpyAsync(h_out_.get(), sampled_.get(), static_cast<size_t>(B) * (1 + S_) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s));
+  PPX_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaLmBatch::run(const BatchStep* steps, int n) {
+  if (n <= 0) return;
+  if (n > slots_) throw Error("CudaLmBatch: more steps than slots");
+  const LmConfig& c = lm_.config();
+  const int D = c.dim;
+  size_t bi = 0;
+  while (buckets_[bi] < n) ++bi;
+  const int B = buckets_[bi];
+  // The request block for bucket B (layout in the header); rows n .. B-1 pad into the scratch slot
+  // with nothing to embed and every stream provided.
+  int32_t* tok = h_in_.get();
+  int32_t* force = tok + static_cast<size_t>(B) * K_;
+  int32_t* target = force + static_cast<size_t>(B) * (1 + S_);
+  int32_t* use_ext = target + static_cast<size_t>(B) * K_;
+  int32_t* slot = use_ext + B;
+  uint8_t* prov = h_prov_.get();
+  bool any_ext = false;
+  for (int b = 0; b < B; ++b) {
+    const bool real = b < n;
+    const StepRequest* r = real ? steps[b].req : nullptr;
+    if (real) check_slot(steps[b].slot);
+    slot[b] = real ? steps[b].slot : slots_;
+    use_ext[b] = real && r->embedding ? 1 : 0;
+    if (use_ext[b]) {
+      std::memcpy(h_ext_.get() + static_cast<size_t>(b) * D, r->embedding, D * sizeof(float));
+      any_ext = true;
+    }
+    for (int k = 0; k < K_; ++k) {
+      tok[static_cast<size_t>(b) * K_ + k] = real ? static_cast<int32_t>(r->input[k]) : -1;
+      target[static_cast<size_t>(k) * B + b] = real ? static_cast<int32_t>(r->target[k]) : 0;
+      prov[static_cast<size_t>(k) * B + b] = real ? r->provided[k] : 1;
+    }
+    for (int i = 0; i < 1 + S_; ++i)
+      force[static_cast<size_t>(i) * B + b] = real && r->force ? static_cast<int32_t>(r->force[i]) : -1;
+  }
+  PPX_CUDA_CHECK(cudaMemcpyAsync(in_.get(), h_in_.get(), static_cast<size_t>(B) * R_ * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(provided_.get(), prov, static_cast<size_t>(B) * K_, cudaMemcpyHostToDevice, stream_));
+  if (any_ext)
+    PPX_CUDA_CHECK(cudaMemcpyAsync(ext_.get(), h_ext_.get(), static_cast<size_t>(B) * D * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaEventRecord(ev0_, stream_));
+  PPX_CUDA_CHECK(cudaGraphLaunch(graphs_[bi], stream_));
+  PPX_CUDA_CHECK(cudaEventRecord(ev1_, stream_));
+  for (int b = 0; b < n; ++b) {
+    StepLogits* lg = steps[b].logits;
+    if (!lg) continue;
+    lg->text.resize(c.text_card);
+    lg->audio.assign(static_cast<size_t>(S_) * c.card, NAN);
+    PPX_CUDA_CHECK(cudaMemcpyAsync(lg->text.data(), text_logits_.get() + static_cast<size_t>(b) * c.text_card,
+                                   c.text_card * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    PPX_CUDA_CHECK(cudaMemcpyAsync(lg->audio.data(), audio_logits_.get() + static_cast<size_t>(b) * S_ * c.card,
+                                   static_cast<size_t>(dep_steps_) * c.card * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+  }
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
+  const int32_t* out = h_out_.get();
+  for (int b = 0; b < n; ++b) {
+    StepResult& o = *steps[b].out;
+    o.text = out[b];
+    o.audio.assign(S_, -1);
+    for (int st = 0; st < dep_steps_; ++st) o.audio[st] = out[static_cast<size_t>(1 + st) * B + b];
+  }
+}
+
+}  // namespace ppx::cuda
