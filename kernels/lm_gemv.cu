@@ -34,11 +34,16 @@ namespace {
 void gemv_chunk(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
 }  // namespace
 
+namespace gemm_impl {
+// lm_gemm.cu: false when the batch cannot run as the GEMM (then the chunked GEMV runs it).
+bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
+}  // namespace gemm_impl
+
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.B < 1) throw std::runtime_error("gemv: B must be at least 1");
-  // Batches past kMaxGemvBatch run as chunks of it, each reading the weights again (from HBM: a
-  // layer's weights do not stay in L2). A tensor-core GEMM that reads them once is the batched
-  // scheduler's next step (issue #14).
+  if (a.B > kMaxGemvBatch && gemm_impl::gemm_batched(in, out, a, s)) return;
+  // Otherwise batches past kMaxGemvBatch run as chunks of it, each reading the weights again (from
+  // HBM: a layer's weights do not stay in L2).
   for (int b0 = 0; b0 < a.B; b0 += kMaxGemvBatch) {
     GemvArgs c = a;
     c.B = a.B - b0 < kMaxGemvBatch ? a.B - b0 : kMaxGemvBatch;

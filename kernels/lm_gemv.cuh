@@ -49,10 +49,15 @@ struct GemvArgs {
   const int32_t* token = nullptr;        // kEmbRmsNorm: [B] device token ids
   __nv_bfloat16* x_out = nullptr;        // kEmbRmsNorm: [B, K] z before the norm
   int table_rows = 0;
+  // B > kMaxGemvBatch: scratch [B, K] for the activations after the prologue. With it (and bf16 or
+  // int8 weights, K % 32 == 0) the batch runs as one tensor-core GEMM that reads each weight once
+  // (lm_gemm.cu); without it, as chunks of kMaxGemvBatch GEMV rows.
+  __nv_bfloat16* xstage = nullptr;
 };
 
-// B > kMaxGemvBatch: one launch per chunk of kMaxGemvBatch rows (x, y / yf, token, x_out offset by
-// their strides), each reading the weights again.
+// B > kMaxGemvBatch: the tensor-core GEMM of lm_gemm.cu when a.xstage is set (see there), else one
+// launch per chunk of kMaxGemvBatch rows (x, y / yf, token, x_out offset by their strides), each
+// reading the weights again.
 // Must be called once before the first launch (and before graph capture).
 void gemv_init();
 void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);

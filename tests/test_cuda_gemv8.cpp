@@ -168,16 +168,19 @@ struct Case {
   int N, K;
 };
 
-// Quantizes random bf16 weights [N, K] on the device (fp8 e4m3, or int8), then for B = 1..4 runs
-// the 8-bit GEMV and compares with the host references.
-void check_case(const Case& c, bool int8 = false) {
+// Quantizes random bf16 weights [N, K] on the device (fp8 e4m3, or int8), then for each batch size
+// (B > 4: the tensor-core GEMM of lm_gemm.cu, given a staging buffer) runs the 8-bit GEMV and
+// compares with the host references. bf16_weights: the bf16 weights themselves instead (held to
+// the reference over them).
+void check_case(const Case& c, bool int8 = false, const std::vector<int>& batches = {1, 2, 3, 4},
+                bool bf16_weights = false) {
   const int N = c.N, K = c.K;
   const float eps = 1e-5f;
   const size_t wn = static_cast<size_t>(N) * K;
-  cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(static_cast<size_t>(4) * 2 * K), alpha(K), y0(static_cast<size_t>(4) * N),
-      y(static_cast<size_t>(4) * N);
+  const size_t mb = static_cast<size_t>(*std::max_element(batches.begin(), batches.end()));
+  cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(mb * 2 * K), alpha(K), y0(mb * N), y(mb * N), xstage(mb * K);
   cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
-  cuda::DeviceBuffer<float> scale(N), yf(static_cast<size_t>(4) * N);
+  cuda::DeviceBuffer<float> scale(N), yf(mb * N);
   const uint64_t seed = static_cast<uint64_t>(N) * 131 + K;
   kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), seed, 0.02f, 0.f, nullptr);
   // Rows of different magnitudes (scales) and, where there are enough rows, a row of zeros.
@@ -206,18 +209,23 @@ void check_case(const Case& c, bool int8 = false) {
     }
   });
 
-  for (int B = 1; B <= 4; ++B) {
-    SCOPED_TRACE(testing::Message() << (int8 ? "int8 " : "fp8 ") << name(c.in) << "/" << name(c.out) << " N=" << N
+  const char* wname = bf16_weights ? "bf16 " : int8 ? "int8 " : "fp8 ";
+  for (const int B : batches) {
+    SCOPED_TRACE(testing::Message() << wname << name(c.in) << "/" << name(c.out) << " N=" << N
                                      << " K=" << K << " B=" << B);
     const int NO = c.out == GemvOut::kGateUp ? N / 2 : N;
     PPX_CUDA_CHECK(cudaMemcpy(y.get(), y0.get(), y0.bytes(), cudaMemcpyDeviceToDevice));
     kern::GemvArgs a;
-    if (int8) {
+    if (bf16_weights) {
+      a.w = w.get();
+    } else if (int8) {
       a.wi8 = reinterpret_cast<const int8_t*>(q.get());
+      a.w_scale = scale.get();
     } else {
       a.w8 = q.get();
+      a.w_scale = scale.get();
     }
-    a.w_scale = scale.get();
+    if (B > kern::kMaxGemvBatch) a.xstage = xstage.get();
     a.x = x.get();
     a.x_stride = 2 * K;
     a.N = N;
@@ -248,10 +256,14 @@ void check_case(const Case& c, bool int8 = false) {
     for (float v : got) finite = finite && std::isfinite(v);
     ASSERT_TRUE(finite);
     const double eq = rel_l2(got, ref_q), ew = rel_l2(got, ref_w);
-    std::printf("gemv8 %s %-8s/%-8s N=%5d K=%5d B=%d: rel L2 vs dequantized %.2e, vs bf16 weights %.2e\n",
-                int8 ? "int8" : "fp8 ", name(c.in), name(c.out), N, K, B, eq, ew);
-    EXPECT_LE(eq, 1e-3);
-    EXPECT_LE(ew, int8 ? 2e-2 : 5e-2);
+    std::printf("gemv8 %s%-8s/%-8s N=%5d K=%5d B=%2d: rel L2 vs dequantized %.2e, vs bf16 weights %.2e\n", wname,
+                name(c.in), name(c.out), N, K, B, eq, ew);
+    if (bf16_weights) {
+      EXPECT_LE(ew, 1e-3);
+    } else {
+      EXPECT_LE(eq, 1e-3);
+      EXPECT_LE(ew, int8 ? 2e-2 : 5e-2);
+    }
   }
 }
 
@@ -339,6 +351,24 @@ TEST(CudaGemv8, Int8MatchesHostReferenceOnModelShapes) {
       {GemvIn::kPlain, GemvOut::kStore, 8200, 1040},
   };
   for (const Case& c : cases) check_case(c, /*int8=*/true);
+}
+
+// Batches above 4 with a staging buffer run as the tensor-core GEMM (lm_gemm.cu), int8 and bf16
+// weights, every prologue and epilogue, partial row tiles (N = 40) and batch tiles (B = 5, 13), more
+// than 64 rows (two launches), and K % 32 != 0 (the chunked GEMV instead): held to the same host
+// references as the GEMV.
+TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
+  SKIP_WITHOUT_GPU();
+  kern::gemv_init();
+  const Case cases[] = {
+      {GemvIn::kPlain, GemvOut::kStore, 40, 96},         {GemvIn::kRmsNorm, GemvOut::kLogits, 40, 96},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 40, 96},   {GemvIn::kPlain, GemvOut::kGateUp, 40, 96},
+      {GemvIn::kRmsNorm, GemvOut::kStore, 4096, 4096},   {GemvIn::kRmsNorm, GemvOut::kGateUp, 11264 * 2, 4096},
+      {GemvIn::kPlain, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 2048, 1024},
+      {GemvIn::kPlain, GemvOut::kStore, 200, 1040},
+  };
+  for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});
+  for (const Case& c : cases) check_case(c, /*int8=*/false, {5, 16, 64}, /*bf16_weights=*/true);
 }
 
 // The int8 quantizer: scale = max|w| / 127 exactly (1 for zeros), every code is rint(w / scale)

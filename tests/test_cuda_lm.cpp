@@ -508,18 +508,18 @@ TEST(CudaLmW8a16, RandomWeightsFullSizeSmoke) {
 }
 
 // The frame scheduler on CUDA (CudaLmBatch: one batched step for every session with a step ready,
-// state per slot, graphs per batch-size bucket): a session's tokens, greedy and sampled, are
-// exactly those of a batch-1 stepper of its own, beside 7 others that join, leave and reuse slots
-// mid-stream (so batches of 1..8 rows, padded to the buckets 1, 2, 4, 8).
-TEST(CudaScheduler, BatchedTokensEqualAlone) {
+// state per slot, graphs per batch-size bucket). Up to 4 rows a step runs the batch-1 stepper's
+// kernels, so a session's tokens, greedy and sampled, are exactly those of a batch-1 stepper of its
+// own, beside 3 others that join, leave and reuse slots mid-stream (batches of 1..4 rows).
+TEST(CudaScheduler, BatchedTokensEqualAloneUpTo4) {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
   FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
   FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
-  auto backend = make_cuda_backend(cfg, mw, &lw, 0, 8);
+  auto backend = make_cuda_backend(cfg, mw, &lw, 0, 4);
   const int half = cfg.lm->n_q / 2;
   for (const bool sampling : {false, true}) {
-    constexpr int kSlots = 8, kSessions = 20;
+    constexpr int kSlots = 4, kSessions = 12;
     std::vector<test::Script> scripts;
     for (int i = 0; i < kSessions; ++i) scripts.push_back(test::make_script(cfg, i, sampling));
     std::vector<std::vector<int64_t>> alone(kSessions), batched(kSessions);
@@ -539,4 +539,42 @@ TEST(CudaScheduler, BatchedTokensEqualAlone) {
     for (int i = 0; i < kSessions; ++i) EXPECT_EQ(batched[i], alone[i]) << "session " << i << " sampling " << sampling;
     EXPECT_GT(sched.totals().max_batch, 1);
   }
+}
+
+// Larger batches run the projections as tensor-core GEMMs (fp32 sums in another order): 24
+// concurrent teacher-forced replays of the golden session through the scheduler, in batches of up
+// to 24 rows, each held to the bf16 bound of the batch-1 stepper against the fp32 reference.
+TEST(CudaScheduler, BatchedTeacherForcedWithinBf16Tolerance) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  const SafeTensors session(test::data("session_tiny_a_cpu_fp32.safetensors"));
+  auto backend = make_cuda_backend(cfg, mw, &lw, 0, 24);
+  constexpr int kSessions = 24;
+  LmScheduler sched(backend->lm_batch(kSessions, -1));
+  LmGenConfig greedy = *cfg.lm_gen;
+  greedy.use_sampling = false;
+  std::vector<ReplayReport> reports(kSessions);
+  std::vector<std::string> errors(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        auto st = sched.open(i, greedy, 0);
+        reports[i] = replay_golden_session(*st, *cfg.lm_gen, nullptr, session, /*teacher_forced=*/true);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(errors[i].empty()) << errors[i];
+    EXPECT_LE(reports[i].text_logits_max_rel_l2, 2e-2) << "session " << i;
+    EXPECT_LE(reports[i].audio_logits_max_rel_l2, 2e-2) << "session " << i;
+  }
+  std::printf("batched teacher-forced vs cpu fp32: text %.5f audio %.5f (session 0), max batch %d\n",
+              reports[0].text_logits_max_rel_l2, reports[0].audio_logits_max_rel_l2, sched.totals().max_batch);
+  EXPECT_GT(sched.totals().max_batch, 4) << "the GEMM path was not reached";
 }

@@ -35,7 +35,7 @@ struct TinyLm {
 void batched_equals_alone(bool sampling) {
   TinyLm t;
   const int half = t.cfg.lm->n_q / 2;
-  constexpr int kSlots = 64, kSessions = 96;  // 32 sessions reuse slots others left
+  constexpr int kSlots = 64, kSessions = 80;  // 16 sessions reuse slots others left
   std::vector<Script> scripts;
   for (int i = 0; i < kSessions; ++i) scripts.push_back(make_script(t.cfg, i, sampling));
   // Alone: a fresh stepper per session, no scheduler.

@@ -165,12 +165,15 @@ struct DepformerIo {
   int64_t pre_stride = 0;            // >= dep_q * depformer_dim
   float* logits = nullptr;           // [B, logits_stride]; step s writes columns [s card, (s + 1) card)
   int64_t logits_stride = 0;
+  __nv_bfloat16* xstage = nullptr;   // [B, max K] GEMM staging for B > 4 (kern::GemvArgs::xstage), or nullptr
 };
 
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
 // or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
+// `xstage` ([B, K] scratch, or nullptr): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const __nv_bfloat16* x, int N, int K,
-                  __nv_bfloat16* y, const __nv_bfloat16* alpha, int B, cudaStream_t s);
+                  __nv_bfloat16* y, const __nv_bfloat16* alpha, int B, cudaStream_t s,
+                  __nv_bfloat16* xstage = nullptr);
 
 // enqueue_depformer_inputs computes io.pre for steps [first, first + steps): bf16(depformer_in[s]
 // out_norm(x)), one GEMV (it does not depend on the sampled tokens). enqueue_depformer_kernels

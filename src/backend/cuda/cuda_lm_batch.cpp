@@ -92,6 +92,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   datt_.resize(r * DD);
   dgu_.resize(r * 2 * DH);
   dpre_.resize(r * S_ * DD);
+  xstage_.resize(r * std::max({D, H, DD, DH}));
   work_.resize(kern::attention_work_floats(rows_, c.num_heads, D / c.num_heads, c.context));
   text_logits_.resize(r * c.text_card);
   audio_logits_.resize(r * S_ * c.card);
@@ -191,7 +192,7 @@ void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s); };
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, xstage_.get()); };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm_.layers[l];
     if (lm_.kv_fp8()) {
@@ -220,6 +221,7 @@ void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
     a.alpha = lm_.out_norm;
     a.yf = text_logits_.get();
     a.y_stride = V;
+    a.xstage = xstage_.get();
     lm_.text_linear.set(a);
     kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
   }
@@ -240,6 +242,7 @@ void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
   io.pre_stride = static_cast<int64_t>(S_) * DD;
   io.logits = audio_logits_.get();
   io.logits_stride = static_cast<int64_t>(S_) * c.card;
+  io.xstage = xstage_.get();
   if (dep_steps_ > 0) enqueue_depformer_inputs(lm_, io, 0, dep_steps_, s);
   for (int st = 0; st < dep_steps_; ++st) {
     enqueue_depformer_kernels(lm_, io, st, s);

@@ -10,9 +10,12 @@
 // that holds n, its spare rows padding. open() writes a slot's parameters and zeroes its position
 // and counter: no allocation, no capture.
 //
-// Numerics are the batch-1 stepper's (CudaLmStepper) row by row: the same kernels, a row's
-// results do not depend on the other rows. Unlike that stepper every depformer step runs inside
-// the step (nothing deferred to overlap the codec): with --dep-q-exit 8 there is nothing to defer.
+// Numerics: up to a batch of 4 the batch-1 stepper's (CudaLmStepper) row by row (the same kernels;
+// a row's results do not depend on the other rows). Above 4 the projections run as tensor-core
+// GEMMs (kernels/lm_gemm.cu) whose fp32 sums are ordered differently, so they agree with the
+// batch-1 stepper to rounding (a bf16 output can differ in its last bit). Unlike that stepper every
+// depformer step runs inside the step (nothing deferred to overlap the codec): with --dep-q-exit 8
+// there is nothing to defer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,6 +81,7 @@ class CudaLmBatch : public LmBatch {
   DeviceBuffer<uint8_t> provided_;  // [K, B]
   DeviceBuffer<float> ext_;         // [B, D]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
+  DeviceBuffer<__nv_bfloat16> xstage_;  // [rows, max K]: the GEMMs' staged activations (kern::GemvArgs::xstage)
   DeviceBuffer<float> work_, text_logits_, audio_logits_;  // logits [B, V], [B, S * card]
   DeviceBuffer<int32_t> sampled_, next_;                   // [1 + S, B], [B]
   PinnedBuffer<int32_t> h_in_;
