@@ -13,6 +13,9 @@
 // slots, every row a session with random provided audio tokens and sampled text and agent tokens):
 // step wall time p50/p99/p99.9 per batch size, --frames steps after --warmup.
 //
+// --prefill F (with either): F untimed steps first, back to back, so that the timed ones run with
+// the context filled (the LM's context is 3000 frames; the KV cache is a ring).
+//
 //   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N] [--out FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -46,7 +49,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m) {
 
 // --sessions N (see the top of this file).
 int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
-                   int warmup, int argc, char** argv, const std::string& out) {
+                   int warmup, int prefill, int argc, char** argv, const std::string& out) {
   using Clock = std::chrono::steady_clock;
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::mutex mu;  // guards the vectors below
@@ -75,11 +78,16 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
         auto stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
         ppx::Conversation conv(*codec, *stepper, gen);
         conv.run_system_prompts(prompt);
+        std::vector<float> pcm(fs);
+        const float w = 0.011f + 0.003f * static_cast<float>(s);
+        // --prefill: frames back to back (batched with the other sessions') to fill the context.
+        for (int64_t f = 0; f < prefill; ++f) {
+          for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
+          conv.step(pcm.data());
+        }
         // Staggered over one frame period, as real clients are.
         const auto t0 = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
-        std::vector<float> pcm(fs);
         std::vector<double> mine;
-        const float w = 0.011f + 0.003f * static_cast<float>(s);
         for (int64_t f = 0; f < warmup + frames; ++f) {
           const auto arrival =
               t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
@@ -115,6 +123,7 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   j["sessions"] = sessions;
   j["frames_per_session"] = frames;
   j["warmup"] = warmup;
+  j["prefill"] = prefill;
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
@@ -131,7 +140,7 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
 
 // --lm-batch (see the top of this file).
 int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& sizes,
-                   int frames, int warmup, int argc, char** argv, const std::string& out) {
+                   int frames, int warmup, int prefill, int argc, char** argv, const std::string& out) {
   const ppx::LmConfig& c = *m.cfg.lm;
   const int max_b = *std::max_element(sizes.begin(), sizes.end());
   auto batch = m.backend->lm_batch(max_b, m.dep_steps);
@@ -150,7 +159,7 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   for (const int B : sizes) {
     for (int b = 0; b < B; ++b) batch->open(b, *m.cfg.lm_gen, 42424242 + static_cast<uint64_t>(b));
     std::vector<double> ms;
-    for (int f = 0; f < warmup + frames; ++f) {
+    for (int f = 0; f < prefill + warmup + frames; ++f) {
       for (int b = 0; b < B; ++b) {
         for (int k = 0; k < K; ++k) {
           input[b][k] = k == 0 ? 3 : tok(rng);
@@ -162,7 +171,7 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
       }
       const double t0 = ppx::app::now_ms();
       batch->run(steps.data(), B);
-      if (f >= warmup) ms.push_back(ppx::app::now_ms() - t0);
+      if (f >= prefill + warmup) ms.push_back(ppx::app::now_ms() - t0);
     }
     nlohmann::ordered_json e;
     e["batch"] = B;
@@ -179,6 +188,7 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
                 {"speed_flags", m.speed_flags}};
   j["frames"] = frames;
   j["warmup"] = warmup;
+  j["prefill"] = prefill;
   j["batches"] = per_b;
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
@@ -201,6 +211,11 @@ int bench(int argc, char** argv) {
   app.add_option("--sessions", sessions,
                  "N real-time sessions through the frame scheduler (0: one session, back to back)")
       ->check(CLI::Range(0, 4096));
+  int prefill = 0;
+  app.add_option("--prefill", prefill,
+                 "with --sessions or --lm-batch: this many steps first, back to back and untimed, to fill the "
+                 "context (the LM context is 3000 frames)")
+      ->check(CLI::Range(0, 1000000));
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
@@ -213,13 +228,14 @@ int bench(int argc, char** argv) {
   if (!batch_sizes.empty()) {
     if (sessions > 0 || soak_minutes > 0) throw ppx::Error("--lm-batch cannot be combined with --sessions or --soak");
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_lm_batch(m, mf, batch_sizes, frames, warmup, argc, argv, out);
+    return bench_lm_batch(m, mf, batch_sizes, frames, warmup, prefill, argc, argv, out);
   }
+  if (prefill > 0 && sessions == 0) throw ppx::Error("--prefill needs --sessions or --lm-batch");
   if (sessions > 0) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, frames, warmup, argc, argv, out);
+    return bench_sessions(m, mf, sessions, frames, warmup, prefill, argc, argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   const int dep_steps = m.dep_steps;
