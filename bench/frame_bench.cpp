@@ -47,6 +47,19 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m) {
   return prompt;
 }
 
+// The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
+nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedModel& m,
+                                   const ppx::app::ModelFlags& mf) {
+  nlohmann::ordered_json j;
+  j["bench"] = bench;
+  j["model"] = m.description;
+  j["device"] = m.backend->device();
+  j["flags"] = {{"dep_steps", m.dep_steps < 0 ? m.cfg.lm->dep_q : m.dep_steps},
+                {"w8a16", mf.w8a16 || mf.fast},
+                {"speed_flags", m.speed_flags}};
+  return j;
+}
+
 // --sessions N (see the top of this file).
 int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
                    int warmup, int prefill, int argc, char** argv, const std::string& out) {
@@ -113,13 +126,7 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   int64_t over = 0;
   for (double l : latency) over += l > budget_ms;
   std::vector<double> bsz(batch.begin(), batch.end());
-  nlohmann::ordered_json j;
-  j["bench"] = "sessions";
-  j["model"] = m.description;
-  j["device"] = m.backend->device();
-  j["flags"] = {{"dep_steps", m.dep_steps < 0 ? m.cfg.lm->dep_q : m.dep_steps},
-                {"w8a16", mf.w8a16 || mf.fast},
-                {"speed_flags", m.speed_flags}};
+  nlohmann::ordered_json j = result_head("sessions", m, mf);
   j["sessions"] = sessions;
   j["frames_per_session"] = frames;
   j["warmup"] = warmup;
@@ -179,13 +186,7 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
     e["ms_per_session_p50"] = e["step_ms"]["p50"].get<double>() / B;
     per_b.push_back(e);
   }
-  nlohmann::ordered_json j;
-  j["bench"] = "lm_batch";
-  j["model"] = m.description;
-  j["device"] = m.backend->device();
-  j["flags"] = {{"dep_steps", m.dep_steps < 0 ? c.dep_q : m.dep_steps},
-                {"w8a16", mf.w8a16 || mf.fast},
-                {"speed_flags", m.speed_flags}};
+  nlohmann::ordered_json j = result_head("lm_batch", m, mf);
   j["frames"] = frames;
   j["warmup"] = warmup;
   j["prefill"] = prefill;

@@ -29,14 +29,14 @@ class CudaCodecStream : public CodecStream {
     h_codes_in_ = cuda::PinnedBuffer<int32_t>(nq);
     h_codes_out_ = cuda::PinnedBuffer<int32_t>(nq);
     reset();
-    enc_ = capture([&] {
+    enc_ = cuda::capture_graph(s_, [&] {
       PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm_in_.get(), h_pcm_in_.get(), fs * sizeof(float),
                                      cudaMemcpyHostToDevice, s_));
       mimi_.encode(slot_, d_pcm_in_.get(), d_codes_out_.get(), s_);
       PPX_CUDA_CHECK(cudaMemcpyAsync(h_codes_out_.get(), d_codes_out_.get(), nq * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, s_));
     });
-    dec_ = capture([&] {
+    dec_ = cuda::capture_graph(s_, [&] {
       PPX_CUDA_CHECK(cudaMemcpyAsync(d_codes_in_.get(), h_codes_in_.get(), nq * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, s_));
       mimi_.decode(slot_, d_codes_in_.get(), d_pcm_out_.get(), s_);
@@ -73,17 +73,6 @@ class CudaCodecStream : public CodecStream {
   }
 
  private:
-  template <typename F>
-  cudaGraphExec_t capture(F&& body) {
-    cudaGraph_t g;
-    PPX_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
-    body();
-    PPX_CUDA_CHECK(cudaStreamEndCapture(s_, &g));
-    cudaGraphExec_t e;
-    PPX_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-    PPX_CUDA_CHECK(cudaGraphDestroy(g));
-    return e;
-  }
   cuda::CudaMimi& mimi_;
   int slot_, bins_;
   cudaStream_t s_ = nullptr;

@@ -448,25 +448,6 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
 
 namespace {
 
-template <typename F>
-cudaGraphExec_t capture(cudaStream_t s, F&& body) {
-  cudaGraph_t g = nullptr;
-  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  try {
-    body();
-  } catch (...) {
-    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    throw;
-  }
-  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-  cudaGraphDestroy(g);
-  PPX_CUDA_CHECK(e);
-  return exec;
-}
-
 void destroy(cudaGraphExec_t& g) {
   if (g) cudaGraphExecDestroy(g);
   g = nullptr;
@@ -479,15 +460,15 @@ void CudaLmStepper::capture_graphs() {
   destroy(graph_dep_);
   destroy(graph_tail_);
   if (!tail_stream_) {
-    graph_main_ = capture(stream_, [&] {
+    graph_main_ = capture_graph(stream_, [&] {
       enqueue_main(stream_);
       enqueue_dep(stream_);
     });
     return;
   }
-  graph_main_ = capture(stream_, [&] { enqueue_main(stream_); });
-  graph_dep_ = capture(stream_, [&] { enqueue_dep(stream_); });
-  graph_tail_ = capture(tail_stream_, [&] { enqueue_tail(tail_stream_); });
+  graph_main_ = capture_graph(stream_, [&] { enqueue_main(stream_); });
+  graph_dep_ = capture_graph(stream_, [&] { enqueue_dep(stream_); });
+  graph_tail_ = capture_graph(tail_stream_, [&] { enqueue_tail(tail_stream_); });
 }
 
 DepformerIo CudaLmStepper::depformer_io() const {

@@ -17,24 +17,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& body) {
-  cudaGraph_t g = nullptr;
-  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  try {
-    body();
-  } catch (...) {
-    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    throw;
-  }
-  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-  cudaGraphDestroy(g);
-  PPX_CUDA_CHECK(e);
-  return exec;
-}
-
 }  // namespace
 
 CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)

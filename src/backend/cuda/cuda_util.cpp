@@ -33,6 +33,24 @@ void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
   throw Error(msg);
 }
 
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& body) {
+  cudaGraph_t g = nullptr;
+  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
+  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  PPX_CUDA_CHECK(e);
+  return exec;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

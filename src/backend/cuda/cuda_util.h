@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,10 @@
 namespace ppx::cuda {
 
 [[noreturn]] void throw_cuda(cudaError_t e, const char* what, const char* file, int line);
+
+// Captures what `body` enqueues on `s` (thread-local capture mode) and instantiates it. If `body`
+// throws, the capture is ended and discarded and the exception propagates.
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& body);
 
 #define PPX_CUDA_CHECK(expr)                                                  \
   do {                                                                        \
