@@ -1,8 +1,10 @@
 // personaplex-bench-kernels: the ceilings and the LM's hot kernels on the GPU, for the roofline in
 // docs/PERF.md. Measures device-to-device copy bandwidth (bytes read + written), and for each GEMV
 // shape of the temporal transformer and the depformer: our bf16 GEMV and cuBLAS (bf16 GEMM with
-// N = 1), and our fp8-weight (w8a16) GEMV against our bf16 one at batch 1 and 4 (--only gemv8), as
-// CUDA graphs of many back-to-back launches over rotating weight buffers larger than L2.
+// N = 1), our fp8-weight (w8a16) GEMV against our bf16 one at batch 1 and 4 (--only gemv8), the
+// batched GEMM at B = 8..128 against cuBLAS (--only gemm), as CUDA graphs of many back-to-back
+// launches over rotating weight buffers larger than L2; and the temporal attention alone at batch 1
+// (--only attention) and at batch 16 and 64 (--only attention-batch).
 #include <cublas_v2.h>
 
 #include <CLI/CLI.hpp>
@@ -272,12 +274,146 @@ nlohmann::ordered_json attention_bench(cudaStream_t s) {
   return rows;
 }
 
+// The batched path of kern::gemv (B > 4: the tensor-core GEMM of lm_gemm.cu) on every LM shape at
+// B = 8 .. 128, bf16 and int8 weights, against cuBLAS's bf16 GEMM on the same shapes: time per
+// launch, TFLOP/s (2 N K B) and the weight bytes per second. The batched LM step is these GEMMs plus
+// attention and sampling, so this says whether the GEMM or the rest holds a large batch back.
+nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
+  using namespace ppx;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  constexpr int kMaxB = 128;
+  for (const Shape& sh : kShapes) {
+    const size_t wn = static_cast<size_t>(sh.N) * sh.K;
+    const int copies16 = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / (wn * 2)));
+    const int copies8 = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / wn));
+    DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(kMaxB) * 2 * sh.K), alpha(sh.K),
+        y(static_cast<size_t>(kMaxB) * sh.N), xstage(static_cast<size_t>(kMaxB) * sh.K);
+    DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N);
+    DeviceBuffer<int8_t> wi8(wn * copies8);
+    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8);
+    kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
+    kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
+    kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
+    for (int i = 0; i < copies8; ++i)
+      kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
+                               scale.get() + static_cast<size_t>(i) * sh.N, s);
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int B : {8, 16, 32, 64, 128}) {
+      auto args = [&](int i, bool i8) {
+        kern::GemvArgs a;
+        if (i8) {
+          a.wi8 = wi8.get() + (i % copies8) * wn;
+          a.w_scale = scale.get() + static_cast<size_t>(i % copies8) * sh.N;
+        } else {
+          a.w = w.get() + (i % copies16) * wn;
+        }
+        a.x = x.get();
+        a.x_stride = 2 * sh.K;
+        a.N = sh.N;
+        a.K = sh.K;
+        a.B = B;
+        a.alpha = alpha.get();
+        a.y = y.get();
+        a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
+        a.xstage = xstage.get();
+        return a;
+      };
+      const int launches = 50;
+      const double t16 = time_graph_ms(s, launches, 5, [&](int i) { kern::gemv(sh.in, sh.out, args(i, false), s); });
+      const double ti8 = time_graph_ms(s, launches, 5, [&](int i) { kern::gemv(sh.in, sh.out, args(i, true), s); });
+      const float one = 1.f, zero = 0.f;
+      const double tcb = time_graph_ms(s, launches, 5, [&](int i) {
+        // Y[N, B] = W[N, K] X[K, B] in column-major terms: W^T is [K, N] with ld K.
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, B, sh.K, &one, w.get() + (i % copies16) * wn,
+                                  CUDA_R_16BF, sh.K, x.get(), CUDA_R_16BF, 2 * sh.K, &zero, yf.get(), CUDA_R_32F,
+                                  sh.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+      const double flop = 2.0 * static_cast<double>(wn) * B;
+      nlohmann::ordered_json r;
+      r["shape"] = sh.name;
+      r["N"] = sh.N;
+      r["K"] = sh.K;
+      r["B"] = B;
+      r["bf16_us"] = t16 * 1e3;
+      r["bf16_tflops"] = flop / (t16 * 1e-3) / 1e12;
+      r["int8_us"] = ti8 * 1e3;
+      r["int8_tflops"] = flop / (ti8 * 1e-3) / 1e12;
+      r["int8_weight_tb_s"] = static_cast<double>(wn) / (ti8 * 1e-3) / 1e12;
+      r["cublas_bf16_us"] = tcb * 1e3;
+      r["cublas_tflops"] = flop / (tcb * 1e-3) / 1e12;
+      rows.push_back(r);
+      std::printf("gemm %-32s N=%5d K=%5d B=%3d  bf16 %8.2f us %6.1f TF/s  int8 %8.2f us %6.1f TF/s  cublas %8.2f us "
+                  "%6.1f TF/s\n",
+                  sh.name, sh.N, sh.K, B, t16 * 1e3, flop / (t16 * 1e-3) / 1e12, ti8 * 1e3,
+                  flop / (ti8 * 1e-3) / 1e12, tcb * 1e3, flop / (tcb * 1e-3) / 1e12);
+      std::fflush(stdout);
+    }
+  }
+  return rows;
+}
+
+// The temporal attention of one layer at batch B (every row its own slot, all with n keys visible),
+// bf16 and fp8 caches: the bytes of keys and values read per second.
+nlohmann::ordered_json attention_batch_bench(cudaStream_t s) {
+  using namespace ppx;
+  const int H = 32, hd = 128, C = 3000, D = H * hd, Bmax = 64;
+  const size_t cache = static_cast<size_t>(Bmax) * C * D;
+  DeviceBuffer<__nv_bfloat16> k(cache), v(cache), q(static_cast<size_t>(Bmax) * D), out(static_cast<size_t>(Bmax) * D);
+  DeviceBuffer<__nv_fp8_e4m3> k8(cache), v8(cache);
+  DeviceBuffer<float> ks(static_cast<size_t>(Bmax) * C * H), vs(ks.size());
+  DeviceBuffer<float> work(kern::attention_work_floats(Bmax, H, hd, C));
+  DeviceBuffer<int32_t> pos(Bmax), slot(Bmax);
+  kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 7, 1.f, 0.f, s);
+  kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 8, 1.f, 0.f, s);
+  kern::fill_random_bf16(q.get(), static_cast<int64_t>(q.size()), 9, 1.f, 0.f, s);
+  PPX_CUDA_CHECK(cudaMemset(k8.get(), 0x30, cache));
+  PPX_CUDA_CHECK(cudaMemset(v8.get(), 0x30, cache));
+  std::vector<float> one(ks.size(), 0.01f);
+  ks.upload(one.data(), one.size(), s);
+  vs.upload(one.data(), one.size(), s);
+  std::vector<int32_t> sl(Bmax);
+  for (int b = 0; b < Bmax; ++b) sl[b] = b;
+  slot.upload(sl.data(), Bmax, s);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (int B : {1, 16, 64}) {
+    for (int n : {300, 3000}) {
+      std::vector<int32_t> p(Bmax, n - 1);
+      pos.upload(p.data(), Bmax, s);
+      PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+      kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, /*context=*/C};
+      kern::RingArgs r8 = r;
+      r8.k = r8.v = nullptr;
+      r8.k8 = k8.get();
+      r8.v8 = v8.get();
+      r8.k_scale = ks.get();
+      r8.v_scale = vs.get();
+      const double b16 = 2.0 * B * n * D * 2, b8 = 2.0 * B * n * (D + 4.0 * H);
+      // Policy 1: a block per chunk of the ring whatever the context (before v0.15); 0: shipped.
+      for (int policy : {1, 0}) {
+        kern::attention_set_policy(policy);
+        const double t16 =
+            time_graph_ms(s, 16, 5, [&](int) { kern::ring_attention(q.get(), r, B, work.get(), out.get(), s); });
+        const double t8 =
+            time_graph_ms(s, 16, 5, [&](int) { kern::ring_attention(q.get(), r8, B, work.get(), out.get(), s); });
+        rows.push_back({{"B", B}, {"keys", n}, {"policy", policy}, {"bf16_us", t16 * 1e3},
+                        {"bf16_tb_s", b16 / (t16 * 1e-3) / 1e12}, {"fp8_us", t8 * 1e3},
+                        {"fp8_tb_s", b8 / (t8 * 1e-3) / 1e12}});
+        std::printf("attention policy %d B=%2d keys=%4d  bf16 %8.1f us %5.2f TB/s   fp8 %8.1f us %5.2f TB/s\n", policy,
+                    B, n, t16 * 1e3, b16 / (t16 * 1e-3) / 1e12, t8 * 1e3, b8 / (t8 * 1e-3) / 1e12);
+        std::fflush(stdout);
+      }
+      kern::attention_set_policy(0);
+    }
+  }
+  return rows;
+}
+
 int bench(int argc, char** argv) {
   CLI::App app{"GPU ceilings and LM kernel throughput"};
   std::string out, only;
   app.add_option("--out", out, "write the JSON result here too");
-  app.add_option("--only", only, "run one section: copy, gemv, gemv8, attention or depformer (for profilers)")
-      ->check(CLI::IsMember({"copy", "gemv", "gemv8", "attention", "depformer"}));
+  app.add_option("--only", only, "run one section: copy, gemv, gemv8, gemm, attention, attention-batch or depformer")
+      ->check(CLI::IsMember({"copy", "gemv", "gemv8", "gemm", "attention", "attention-batch", "depformer"}));
   int grid_policy = 0;
   app.add_option("--gemv-grid", grid_policy,
                  "GEMV grid: 0 the shipped one (one wave of resident blocks, warps loop over rows), 1 one warp "
@@ -360,10 +496,12 @@ int bench(int argc, char** argv) {
     std::printf("%-32s N=%5d K=%5d  ours %7.2f us %5.2f TB/s   cublas %7.2f us %5.2f TB/s\n", sh.name, sh.N, sh.K,
                 ours * 1e3, bytes / (ours * 1e-3) / 1e12, cublas * 1e3, bytes / (cublas * 1e-3) / 1e12);
   }
+  if (want("gemm")) j["gemm"] = gemm_bench(s, h);
   cublasDestroy(h);
   if (want("gemv")) j["gemv"] = rows;
   if (want("gemv8")) j["gemv8"] = gemv8_bench(s);
   if (want("attention")) j["temporal_attention"] = attention_bench(s);
+  if (want("attention-batch")) j["temporal_attention_batch"] = attention_batch_bench(s);
   if (want("depformer")) j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);

@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <type_traits>
@@ -25,7 +26,7 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
   pdl_wait();
   const int b = blockIdx.y;
   const int D = r.H * r.hd;
-  const int pos = r.pos[r.slot[b]];
+  const int pos = r.row_pos ? r.row_pos[b] : r.pos[r.slot[b]];
   const int64_t base = (static_cast<int64_t>(r.slot[b]) * r.C + pos % r.C) * D;
   const __nv_bfloat16* row = qkv + static_cast<int64_t>(b) * 3 * D;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -181,17 +182,29 @@ __device__ __forceinline__ void attend(const float* qf, const KT* kbase, const K
   }
 }
 
-// grid (H, splits, B), kAttnWarps warps. Each warp runs an online softmax over its kSplit /
-// kAttnWarps keys; the block merges its warps and writes (m, l, acc[hd]) for its split.
+// The ring entries that can hold a key after the write of position qpos: idx < E until the ring
+// has wrapped, all C after. Chunks of kSplit entries past them are empty.
+__device__ __forceinline__ int live_chunks(int qpos, int C) { return (min(qpos + 1, C) + kSplit - 1) / kSplit; }
+
+__device__ __forceinline__ int row_position(const RingArgs& r, int b) {
+  return r.row_pos ? r.row_pos[b] : r.pos[r.slot[b]];
+}
+
+// grid (H, G, B), kAttnWarps warps. Block y takes the live chunks y, y + G, ... of kSplit ring
+// entries (none past the live ones, so a short context costs little however large the grid); in
+// each, every warp runs its online softmax over kSplit / kAttnWarps keys, carried across the
+// block's chunks. The block merges its warps and writes (m, l, acc[hd]) for part y (m = -inf when
+// it had no visible key). With G = splits (batches up to kMaxGemvBatch rows) a block has at most
+// one chunk, the order of one row alone.
 template <int DPL, typename KT>
-__global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int splits, float* work) {
+__global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int parts, float* work) {
   pdl_trigger();
   pdl_wait();
-  const int h = blockIdx.x, sp = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.x, part = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = r.H * r.hd;
   const int slot = r.slot[b];
-  const int qpos = r.pos[slot], E = qpos + 1;
+  const int qpos = row_position(r, b), E = qpos + 1;
   const float scale = rsqrtf(static_cast<float>(r.hd));
   float qf[DPL], acc[DPL];
 #pragma unroll
@@ -201,17 +214,21 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
   }
   float m = -INFINITY, l = 0.f;
   constexpr int kPerWarp = kSplit / kAttnWarps;
-  const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + lane * DPL;
   auto vis = [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); };
-  if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
-    attend<DPL>(qf, r.k + cache0, r.v + cache0, D, static_cast<const float*>(nullptr),
-                static_cast<const float*>(nullptr), 0, k0, k1, scale, vis, m, l, acc);
-  } else {
-    const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
-    attend<DPL>(qf, r.k8 + cache0, r.v8 + cache0, D, r.k_scale + s0, r.v_scale + s0, r.H, k0, k1, scale, vis, m,
-                l, acc);
+  const int chunks = live_chunks(qpos, r.C);
+  for (int sp = part; sp < chunks; sp += parts) {
+    const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
+    if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
+      attend<DPL>(qf, r.k + cache0, r.v + cache0, D, static_cast<const float*>(nullptr),
+                  static_cast<const float*>(nullptr), 0, k0, k1, scale, vis, m, l, acc);
+    } else {
+      const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
+      attend<DPL>(qf, r.k8 + cache0, r.v8 + cache0, D, r.k_scale + s0, r.v_scale + s0, r.H, k0, k1, scale, vis,
+                  m, l, acc);
+    }
   }
+  if (part >= chunks) return;  // uniform over the block: nothing to write, the combine skips it
   __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][32 * DPL];
   if (lane == 0) {
     sm[warp] = m;
@@ -232,7 +249,7 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
 #pragma unroll
     for (int j = 0; j < DPL; ++j) out[j] += sacc[w][lane * DPL + j] * f;
   }
-  float* wp = work + ((static_cast<int64_t>(b) * r.H + h) * splits + sp) * (2 + r.hd);
+  float* wp = work + ((static_cast<int64_t>(b) * r.H + h) * parts + part) * (2 + r.hd);
   if (lane == 0) {
     wp[0] = M;
     wp[1] = L;
@@ -241,17 +258,19 @@ __global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int s
   for (int j = 0; j < DPL; ++j) wp[2 + lane * DPL + j] = out[j];
 }
 
-// grid (H, B), hd threads, `splits` floats of dynamic shared memory: merges the splits. The
-// weights exp(m_s - M) are computed once per split (in parallel), so the loads of the partial sums
-// do not wait on one another.
-__global__ void attention_combine_kernel(const float* work, int H, int hd, int splits, __nv_bfloat16* out) {
+// grid (H, B), hd threads, `parts` floats of dynamic shared memory: merges the parts the split
+// kernel wrote (those below the row's live chunks). The weights exp(m_s - M) are computed once per
+// part (in parallel), so the loads of the partial sums do not wait on one another.
+__global__ void attention_combine_kernel(const float* work, RingArgs r, int parts, __nv_bfloat16* out) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ float wt[];
   __shared__ float red[32];
+  const int H = r.H, hd = r.hd;
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int row = 2 + hd;
-  const float* wp = work + (static_cast<int64_t>(b) * H + h) * splits * row;
+  const int splits = min(parts, live_chunks(row_position(r, b), r.C));
+  const float* wp = work + (static_cast<int64_t>(b) * H + h) * parts * row;
   float mx = -INFINITY;
   for (int s = d; s < splits; s += blockDim.x) mx = fmaxf(mx, wp[s * row]);
   const float M = block_max(mx, red);
@@ -326,6 +345,21 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
   pdl_launch(rope_append_kernel, grid, dim3(kRopeThreads), 0, s, qkv, q_out, r, c, pairs);
 }
 
+namespace {
+int g_attention_policy = 0;
+}  // namespace
+
+void attention_set_policy(int policy) { g_attention_policy = policy; }
+
+int attention_parts(int B, int H, int C) {
+  const int splits = (C + kSplit - 1) / kSplit;
+  // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
+  // block per chunk. Above: about 2048 blocks of 4 warps, what an H200's SMs hold at once.
+  if (B <= 4 || g_attention_policy == 1) return splits;
+  constexpr int kTargetBlocks = 2048;
+  return std::max(1, std::min(splits, (kTargetBlocks + H * B - 1) / (H * B)));
+}
+
 size_t attention_work_floats(int B, int H, int hd, int C) {
   const int splits = (C + kSplit - 1) / kSplit;
   return static_cast<size_t>(B) * H * splits * (2 + hd);
@@ -334,18 +368,18 @@ size_t attention_work_floats(int B, int H, int hd, int C) {
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
-  const int splits = (r.C + kSplit - 1) / kSplit;
+  const int parts = attention_parts(B, r.H, r.C);
   by_dpl<Dpl>(r.hd, [&](auto dpl) {
     if (r.k8) {
-      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_fp8_e4m3>, dim3(r.H, splits, B),
-                 dim3(kAttnWarps * 32), 0, s, q, r, splits, work);
+      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_fp8_e4m3>, dim3(r.H, parts, B),
+                 dim3(kAttnWarps * 32), 0, s, q, r, parts, work);
     } else {
-      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_bfloat16>, dim3(r.H, splits, B),
-                 dim3(kAttnWarps * 32), 0, s, q, r, splits, work);
+      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_bfloat16>, dim3(r.H, parts, B),
+                 dim3(kAttnWarps * 32), 0, s, q, r, parts, work);
     }
   });
-  pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), splits * sizeof(float), s,
-             static_cast<const float*>(work), r.H, r.hd, splits, out);
+  pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), parts * sizeof(float), s,
+             static_cast<const float*>(work), r, parts, out);
 }
 
 void depformer_attention(const __nv_bfloat16* qkv, const RingArgs& r, int B, int step, __nv_bfloat16* out,

@@ -28,6 +28,9 @@ struct RingArgs {
   __nv_fp8_e4m3* v8 = nullptr;
   float* k_scale = nullptr;
   float* v_scale = nullptr;
+  // [B] or nullptr: each row's own position (prompt prefill: rows of one slot at consecutive
+  // positions); nullptr: pos[slot[b]].
+  const int32_t* row_pos = nullptr;
 };
 
 // Temporal transformer: applies RoPE (fp32, interleaved pairs) to q and k of qkv [B, 3*H*hd],
@@ -37,8 +40,13 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
                  cudaStream_t s);
 
 // Split-K attention over the ring: out [B, H*hd] bf16. `work` is scratch of
-// attention_work_floats(B, H, hd, C) floats.
+// attention_work_floats(B, H, hd, C) floats. With r.row_pos, row b attends as the query of position
+// row_pos[b] (the keys of earlier rows of this step appended by rope_append before).
 size_t attention_work_floats(int B, int H, int hd, int C);
+// Blocks per (head, row) of ring_attention at batch B; policy 1 (benchmarks only) keeps a block per
+// chunk of the ring at every batch (the grid before v0.15).
+int attention_parts(int B, int H, int C);
+void attention_set_policy(int policy);
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s);
 

@@ -388,14 +388,19 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   EXPECT_LE(worst, 8e-2);
 }
 
+// Rows alternate between two slots. 2 rows: a block per chunk of the ring. 64 rows: fewer blocks
+// than chunks, each block carrying its softmax across chunks (attention_parts). With row_pos:
+// every row at its own position (prompt prefill), as the query of that position.
 TEST(CudaLmAttention, RingAttentionMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const int H = 4, hd = 128, C = 700, D = H * hd;
-  cuda::DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(2) * C * D), v(k.size()), q(2 * D), out(2 * D);
-  cuda::DeviceBuffer<float> work(kern::attention_work_floats(2, H, hd, C));
+  const int H = 4, hd = 128, C = 700, D = H * hd, Bmax = 64;
+  ASSERT_LT(kern::attention_parts(Bmax, H, C), (C + 63) / 64) << "64 rows must exercise blocks of several chunks";
+  cuda::DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(2) * C * D), v(k.size()), q(static_cast<size_t>(Bmax) * D),
+      out(static_cast<size_t>(Bmax) * D);
+  cuda::DeviceBuffer<float> work(kern::attention_work_floats(Bmax, H, hd, C));
   kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 1, 1.f, 0.f, nullptr);
   kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 2, 1.f, 0.f, nullptr);
-  kern::fill_random_bf16(q.get(), 2 * D, 3, 2.f, 0.f, nullptr);
+  kern::fill_random_bf16(q.get(), static_cast<int64_t>(q.size()), 3, 2.f, 0.f, nullptr);
   auto host = [](const cuda::DeviceBuffer<__nv_bfloat16>& d) {
     std::vector<__nv_bfloat16> h(d.size());
     PPX_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
@@ -404,53 +409,64 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
     return f;
   };
   const std::vector<float> hk = host(k), hv = host(v), hq = host(q);
-  cuda::DeviceBuffer<int32_t> pos(2), slot(2);
-  const int32_t slots[2] = {1, 0};
-  slot.upload(slots, 2);
-  for (int context : {0, 250}) {
-    for (int p : {0, 5, 63, 64, 699, 1500}) {
-      const int32_t positions[2] = {p / 2, p};  // slot 0 at p / 2, slot 1 at p (batch row 0)
-      pos.upload(positions, 2);
-      const kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, context};
-      kern::ring_attention(q.get(), r, 2, work.get(), out.get(), nullptr);
-      PPX_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> got = host(out);
-      double num = 0, den = 0;
-      for (int b = 0; b < 2; ++b) {
-        const int s = slots[b], qp = positions[s], E = qp + 1;
-        for (int h = 0; h < H; ++h) {
-          std::vector<double> w(C, 0.0);
-          std::vector<char> vis(C, 0);
-          double mx = -1e300;
-          for (int idx = 0; idx < C; ++idx) {
-            if (idx >= E) continue;
-            const int delta = idx - E % C;
-            const int label = delta <= 0 ? E + delta : E + delta - C;
-            if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
-            double d = 0;
-            for (int j = 0; j < hd; ++j)
-              d += static_cast<double>(hq[b * D + h * hd + j]) * hk[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
-            w[idx] = d / std::sqrt(static_cast<double>(hd));
-            vis[idx] = 1;
-            mx = std::max(mx, w[idx]);
+  cuda::DeviceBuffer<int32_t> pos(2), slot(Bmax), row_pos(Bmax);
+  std::vector<int32_t> slots(Bmax);
+  for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
+  slot.upload(slots.data(), Bmax);
+  for (const int B : {2, 64}) {
+    for (const bool per_row : {false, true}) {
+      for (int context : {0, 250}) {
+        for (int p : {0, 5, 63, 64, 699, 1500}) {
+          const int32_t positions[2] = {p / 2, p};  // slot 0 at p / 2, slot 1 at p (batch row 0)
+          pos.upload(positions, 2);
+          std::vector<int32_t> rp(Bmax);
+          for (int b = 0; b < Bmax; ++b) rp[b] = std::max(0, p - b);
+          row_pos.upload(rp.data(), Bmax);
+          kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, context};
+          if (per_row) r.row_pos = row_pos.get();
+          kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
+          PPX_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> got = host(out);
+          double num = 0, den = 0;
+          for (int b = 0; b < B; ++b) {
+            const int s = slots[b], qp = per_row ? rp[b] : positions[s], E = qp + 1;
+            for (int h = 0; h < H; ++h) {
+              std::vector<double> w(C, 0.0);
+              std::vector<char> vis(C, 0);
+              double mx = -1e300;
+              for (int idx = 0; idx < C; ++idx) {
+                if (idx >= E) continue;
+                const int delta = idx - E % C;
+                const int label = delta <= 0 ? E + delta : E + delta - C;
+                if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
+                double d = 0;
+                for (int j = 0; j < hd; ++j)
+                  d += static_cast<double>(hq[b * D + h * hd + j]) *
+                       hk[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
+                w[idx] = d / std::sqrt(static_cast<double>(hd));
+                vis[idx] = 1;
+                mx = std::max(mx, w[idx]);
+              }
+              double l = 0;
+              std::vector<double> acc(hd, 0.0);
+              for (int idx = 0; idx < C; ++idx) {
+                if (!vis[idx]) continue;
+                const double e = std::exp(w[idx] - mx);
+                l += e;
+                for (int j = 0; j < hd; ++j) acc[j] += e * hv[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
+              }
+              for (int j = 0; j < hd; ++j) {
+                const double ref = acc[j] / l, g = got[b * D + h * hd + j];
+                num += (g - ref) * (g - ref);
+                den += ref * ref;
+              }
+            }
           }
-          double l = 0;
-          std::vector<double> acc(hd, 0.0);
-          for (int idx = 0; idx < C; ++idx) {
-            if (!vis[idx]) continue;
-            const double e = std::exp(w[idx] - mx);
-            l += e;
-            for (int j = 0; j < hd; ++j) acc[j] += e * hv[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
-          }
-          for (int j = 0; j < hd; ++j) {
-            const double ref = acc[j] / l, g = got[b * D + h * hd + j];
-            num += (g - ref) * (g - ref);
-            den += ref * ref;
-          }
+          const double rel = std::sqrt(num / den);
+          EXPECT_LE(rel, 4e-3) << B << " rows, per-row positions " << per_row << ", context " << context
+                               << ", position " << p;  // bf16 output rounding
         }
       }
-      const double rel = std::sqrt(num / den);
-      EXPECT_LE(rel, 4e-3) << "context " << context << " position " << p;  // bf16 output rounding
     }
   }
 }
@@ -525,7 +541,8 @@ TEST(CudaScheduler, BatchedTokensEqualAloneUpTo4) {
     std::vector<std::vector<int64_t>> alone(kSessions), batched(kSessions);
     for (int i = 0; i < kSessions; ++i)
       alone[i] = test::play(*backend->lm_stepper(scripts[i].gen, scripts[i].seed, -1), scripts[i], half);
-    LmScheduler sched(backend->lm_batch(kSlots, -1));
+    // Prompts prefilled 4 positions at a time: the GEMV path, the batch-1 order.
+    LmScheduler sched(backend->lm_batch(kSlots, -1), {}, 4);
     std::vector<std::thread> threads;
     for (int slot = 0; slot < kSlots; ++slot) {
       threads.emplace_back([&, slot] {
@@ -538,7 +555,51 @@ TEST(CudaScheduler, BatchedTokensEqualAloneUpTo4) {
     for (auto& th : threads) th.join();
     for (int i = 0; i < kSessions; ++i) EXPECT_EQ(batched[i], alone[i]) << "session " << i << " sampling " << sampling;
     EXPECT_GT(sched.totals().max_batch, 1);
+    EXPECT_GT(sched.totals().prefill_positions, 0);
   }
+}
+
+// Prompt prefill in one pass over the whole prompt (5 .. 14 rows: tensor-core GEMMs, fp32 sums in
+// another order) against the batch-1 stepper stepping through it: the next step's logits (which
+// read the prompt's whole KV cache) stay within the bf16 bound.
+TEST(CudaScheduler, PrefillWithinBf16ToleranceOfStepping) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  auto backend = make_cuda_backend(cfg, mw, &lw, 0, 2);
+  const int half = cfg.lm->n_q / 2, agent = half * cfg.lm->card;
+  LmScheduler sched(backend->lm_batch(2, -1));
+  double worst_text = 0, worst_audio = 0;
+  int gemm_prompts = 0;
+  for (int i = 0; i < 16; ++i) {
+    test::Script s = test::make_script(cfg, i, false);
+    if (s.prompt_steps == 0) continue;
+    gemm_prompts += s.prompt_steps > 5 ? 1 : 0;  // 5 prompt steps: 4 model calls
+    StepLogits la, lb;
+    {
+      auto st = backend->lm_stepper(s.gen, s.seed, -1);
+      LmGen gen(*st, s.gen);
+      test::play_prompt(gen, s, half);
+      gen.step(s.user.data(), nullptr, std::nullopt, &la);
+    }
+    {
+      auto st = sched.open(i % 2, s.gen, s.seed);
+      LmGen gen(*st, s.gen);
+      test::play_prompt(gen, s, half);
+      gen.step(s.user.data(), nullptr, std::nullopt, &lb);
+    }
+    ASSERT_TRUE(all_finite(lb.text)) << "session " << i;
+    worst_text = std::max(worst_text, rel_l2(lb.text, la.text));
+    const std::vector<float> a(la.audio.begin(), la.audio.begin() + agent), b(lb.audio.begin(), lb.audio.begin() + agent);
+    worst_audio = std::max(worst_audio, rel_l2(b, a));
+  }
+  std::printf("prefill vs stepping, next-step logits rel L2: text %.5f agent audio %.5f (%d prompts over 4 rows)\n",
+              worst_text, worst_audio, gemm_prompts);
+  EXPECT_GT(gemm_prompts, 0);
+  EXPECT_LE(worst_text, 2e-2);
+  EXPECT_LE(worst_audio, 2e-2);
+  EXPECT_GT(sched.totals().prefill_positions, 0);
 }
 
 // Larger batches run the projections as tensor-core GEMMs (fp32 sums in another order): 24

@@ -1,6 +1,7 @@
 // The frame scheduler (src/engine/scheduler.h) on the CPU tiny model: a session's tokens are the
 // same whether it runs alone or batched beside 63 others that join and leave mid-stream, greedy
-// and sampled; a failing batch step fails the sessions in it and nothing else.
+// and sampled, with system prompts of 0..14 steps prefilled in chunks; a failing batch step fails
+// the sessions in it and nothing else.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -64,10 +65,16 @@ void batched_equals_alone(bool sampling) {
   const auto tot = sched.totals();
   EXPECT_GT(tot.max_batch, 1) << "the scheduler never batched";
   EXPECT_LE(tot.max_batch, kSlots);
-  int64_t want = 0;
-  for (const auto& s : scripts) want += s.steps;
-  // Every step that called the model (all but the first of each session: t = 0 makes no call).
-  EXPECT_EQ(tot.items, want - kSessions);
+  int64_t want = 0, prompts = 0;
+  for (const auto& s : scripts) {
+    want += s.prompt_steps + s.steps;
+    prompts += s.prompt_steps;
+  }
+  // Every step that called the model (all but the first of each session: t = 0 makes no call),
+  // the prompts' (but the first) through prefill jobs.
+  EXPECT_EQ(tot.items + tot.prefill_positions, want - kSessions);
+  EXPECT_GT(tot.prefill_positions, prompts / 2) << "the prompts were not prefilled";
+  EXPECT_GT(tot.prefills, 0);
 }
 
 }  // namespace

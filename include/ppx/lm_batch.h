@@ -40,6 +40,20 @@ class LmBatch {
   virtual void close(int slot) { (void)slot; }
   // One model call for each of the n steps; their slots are distinct and open.
   virtual void run(const BatchStep* steps, int n) = 0;
+  // Prompt prefill: n consecutive steps of the session in `slot` whose streams are all provided
+  // and whose results nobody reads (a system prompt). Leaves what n run() calls of that slot would
+  // (KV cache, position, random stream) and nothing else: no depformer, no sampling, no results.
+  // A backend that can runs the n positions as one pass of the temporal transformer (every
+  // projection a GEMM over n rows); this default runs them as n steps, so it is exact.
+  virtual void prefill(int slot, const StepRequest* reqs, int n) {
+    StepResult r;
+    for (int i = 0; i < n; ++i) {
+      BatchStep s{slot, reqs + i, &r, nullptr};
+      run(&s, 1);
+    }
+  }
+  // The most positions one prefill() call takes; 1 when batching them gains nothing.
+  virtual int prefill_rows() const { return 1; }
   // Called once by the thread that will make every other call (the scheduler's), before any:
   // binds that thread to the backend's device.
   virtual void attach_thread() {}

@@ -39,6 +39,9 @@ class CpuLmBatch : public LmBatch {
   void run(const BatchStep* steps, int n) override {
     for (int i = 0; i < n; ++i) stepper(steps[i].slot).run(*steps[i].req, *steps[i].out, steps[i].logits);
   }
+  // The default prefill (exact: the steps themselves); the scheduler still hands them over in
+  // chunks, so the CPU runs the same queueing as the GPU.
+  int prefill_rows() const override { return 16; }
 
  private:
   std::unique_ptr<LmStepper>& at(int slot) {

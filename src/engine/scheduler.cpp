@@ -8,11 +8,13 @@
 
 namespace ppx {
 
-// A session's view of the scheduler: an LmStepper whose calls are jobs of its slot.
+// A session's view of the scheduler: an LmStepper whose calls are jobs of its slot. Prompt steps
+// are kept and handed over in chunks (see the header).
 class LmScheduler::SlotStepper : public LmStepper {
  public:
   SlotStepper(LmScheduler& s, int slot) : s_(s), slot_(slot) {}
   ~SlotStepper() override {
+    kept_.clear();  // the session is gone: its prompt no longer matters
     Job j;
     j.kind = Kind::kClose;
     j.step.slot = slot_;
@@ -25,26 +27,77 @@ class LmScheduler::SlotStepper : public LmStepper {
   const LmConfig& config() const override { return s_.config(); }
   int depformer_steps() const override { return s_.batch_->depformer_steps(); }
   void reset() override {
+    kept_.clear();  // position 0 again: the kept steps would have been undone
     Job j;
     j.kind = Kind::kReset;
     j.step.slot = slot_;
     s_.submit(j);
   }
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override {
+    const LmConfig& c = config();
+    const int K = c.n_q + 1;
+    if (s_.prefill_chunk_ > 1 && logits == nullptr && std::all_of(req.provided, req.provided + K, [](uint8_t p) {
+          return p != 0;
+        })) {
+      keep(req);
+      // Every stream is provided, so LmGen reads none of the result: give the provided tokens.
+      out.text = req.target[0];
+      out.audio.assign(c.dep_q, -1);
+      for (int st = 0; st < depformer_steps(); ++st) out.audio[st] = req.target[1 + st];
+      if (static_cast<int>(kept_.size()) >= s_.prefill_chunk_) flush();
+      return;
+    }
+    flush();
     Job j;
     j.step = BatchStep{slot_, &req, &out, logits};
     s_.submit(j);
   }
 
  private:
+  // One kept prompt step: its request's arrays, owned.
+  struct Kept {
+    std::vector<int64_t> input, target;
+    std::vector<uint8_t> provided;
+    std::vector<float> embedding;  // empty: none
+  };
+  void keep(const StepRequest& req) {
+    const LmConfig& c = config();
+    const int K = c.n_q + 1;
+    Kept k;
+    k.input.assign(req.input, req.input + K);
+    k.target.assign(req.target, req.target + K);
+    k.provided.assign(req.provided, req.provided + K);
+    if (req.embedding) k.embedding.assign(req.embedding, req.embedding + c.dim);
+    kept_.push_back(std::move(k));
+  }
+  void flush() {
+    if (kept_.empty()) return;
+    const std::vector<Kept> kept = std::move(kept_);  // kept_ is empty whatever submit does
+    kept_.clear();
+    std::vector<StepRequest> reqs(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const Kept& k = kept[i];
+      reqs[i] = StepRequest{k.input.data(), k.embedding.empty() ? nullptr : k.embedding.data(), k.target.data(),
+                            k.provided.data(), nullptr};
+    }
+    Job j;
+    j.kind = Kind::kPrefill;
+    j.step.slot = slot_;
+    j.prefill = reqs.data();
+    j.prefill_n = static_cast<int>(reqs.size());
+    s_.submit(j);
+  }
+
   LmScheduler& s_;
   int slot_;
+  std::vector<Kept> kept_;
 };
 
-LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step)
+LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk)
     : batch_(std::move(batch)), on_step_(std::move(on_step)) {
   if (!batch_) throw Error("LmScheduler: no LM batch");
   slots_ = batch_->slots();
+  prefill_chunk_ = std::max(1, std::min(prefill_chunk > 0 ? prefill_chunk : batch_->prefill_rows(), batch_->prefill_rows()));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -94,7 +147,7 @@ void LmScheduler::loop() {
   }
   std::vector<Job*> jobs;
   std::vector<BatchStep> steps;
-  std::vector<Job*> step_jobs;
+  std::vector<Job*> step_jobs, prefills, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
   while (true) {
     {
@@ -107,9 +160,15 @@ void LmScheduler::loop() {
     // always precedes its first step). Then one batch step for every step job.
     steps.clear();
     step_jobs.clear();
+    prefills.clear();
+    later.clear();
     for (Job* j : jobs) {
       if (attach_error) {
         j->error = attach_error;
+        continue;
+      }
+      if (j->kind == Kind::kPrefill) {
+        (prefills.empty() ? prefills : later).push_back(j);  // one per pass, after the batch step
         continue;
       }
       if (j->kind == Kind::kStep) {
@@ -147,10 +206,26 @@ void LmScheduler::loop() {
       ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }
+    int64_t prefilled = 0;
+    for (Job* j : prefills) {
+      try {
+        batch_->prefill(j->step.slot, j->prefill, j->prefill_n);
+        prefilled += j->prefill_n;
+      } catch (...) {
+        j->error = std::current_exception();
+      }
+    }
     int waiting = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (Job* j : jobs) j->done = true;
+      // Prefill jobs past the first go back to the front of the queue, for the next passes.
+      for (Job* j : later) j->done = false;
+      pending_.insert(pending_.begin(), later.begin(), later.end());
+      if (!prefills.empty()) {
+        ++totals_.prefills;
+        totals_.prefill_positions += prefilled;
+      }
       if (!steps.empty()) {
         ++totals_.steps;
         totals_.items += static_cast<int64_t>(steps.size());

@@ -33,7 +33,9 @@ class LmScheduler {
   };
   using StepObserver = std::function<void(const StepInfo&)>;
 
-  explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {});
+  // prefill_chunk: prompt positions per prefill job; 0: the batch's prefill_rows(), 1: no prefill
+  // (every prompt step a batch step).
+  explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0);
   ~LmScheduler();  // serves what is queued, then stops
   LmScheduler(const LmScheduler&) = delete;
   LmScheduler& operator=(const LmScheduler&) = delete;
@@ -49,15 +51,19 @@ class LmScheduler {
     int64_t steps = 0;      // batch steps
     int64_t items = 0;      // session steps in them
     int max_batch = 0;
+    int64_t prefills = 0;           // prefill jobs
+    int64_t prefill_positions = 0;  // prompt positions in them
   };
   Totals totals();
 
  private:
   class SlotStepper;
-  enum class Kind { kStep, kOpen, kReset, kClose };
+  enum class Kind { kStep, kOpen, kReset, kClose, kPrefill };
   struct Job {
     Kind kind = Kind::kStep;
     BatchStep step;
+    const StepRequest* prefill = nullptr;  // kPrefill: `prefill_n` requests of step.slot
+    int prefill_n = 0;
     const LmGenConfig* gen = nullptr;
     uint64_t seed = 0;
     bool done = false;
@@ -70,6 +76,7 @@ class LmScheduler {
   std::unique_ptr<LmBatch> batch_;
   StepObserver on_step_;
   int slots_ = 0;
+  int prefill_chunk_ = 1;
   std::mutex mu_;  // guards the members below
   std::condition_variable work_cv_, done_cv_;
   std::vector<Job*> pending_;

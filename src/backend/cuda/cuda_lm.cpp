@@ -536,9 +536,59 @@ void CudaLmStepper::enqueue_sample(const SampleIo& io, int stream_index, const f
   kern::sample_tokens(a, 1, s);
 }
 
+void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
+  const LmConfig& c = lm.config();
+  const int D = c.dim, H = c.ffn_hidden(), K = c.n_q + 1, V = c.text_card, B = io.B;
+  kern::embed_sum(lm.emb_tables.get(), lm.emb_rows.get(), K, io.tok, io.use_ext, io.ext, D, B, io.x, s);
+  kern::RingArgs ring;
+  ring.C = c.context;
+  ring.H = c.num_heads;
+  ring.hd = D / c.num_heads;
+  ring.context = c.context;
+  ring.pos = io.pos;
+  ring.slot = io.slot;
+  ring.row_pos = io.row_pos;
+  using kern::GemvIn;
+  using kern::GemvOut;
+  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.xstage); };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const CudaLm::Temporal& L = lm.layers[l];
+    if (lm.kv_fp8()) {
+      ring.k8 = io.k8 + l * io.layer_kv;
+      ring.v8 = io.v8 + l * io.layer_kv;
+      ring.k_scale = io.k_scale + l * io.layer_sc;
+      ring.v_scale = io.v_scale + l * io.layer_sc;
+    } else {
+      ring.k = io.k + l * io.layer_kv;
+      ring.v = io.v + l * io.layer_kv;
+    }
+    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, io.x, 3 * D, D, io.qkv, L.norm1);
+    kern::rope_append(io.qkv, io.q, ring, B, static_cast<float>(c.max_period), s);
+    kern::ring_attention(io.q, ring, B, io.work, io.att, s);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x);
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
+  }
+  // Text head on out_norm(x).
+  if (io.text_logits == nullptr) return;
+  kern::GemvArgs a;
+  a.x = io.x;
+  a.x_stride = D;
+  a.N = V;
+  a.K = D;
+  a.B = B;
+  a.alpha = lm.out_norm;
+  a.yf = io.text_logits;
+  a.y_stride = V;
+  a.xstage = io.xstage;
+  lm.text_linear.set(a);
+  kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
+}
+
 void CudaLmStepper::enqueue_main(cudaStream_t s) {
   const LmConfig& c = lm_.config();
-  const int D = c.dim, H = c.ffn_hidden(), S = c.dep_q;
+  const int D = c.dim, S = c.dep_q;
   const int K = c.n_q + 1, V = c.text_card;
   int32_t* tok = req_.get();
   int32_t* use_ext = tok + K + 1 + S + K;
@@ -546,51 +596,28 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
   PPX_CUDA_CHECK(cudaMemcpyAsync(provided_.get(), h_prov_.get(), provided_.bytes(), cudaMemcpyHostToDevice, s));
   PPX_CUDA_CHECK(cudaMemcpyAsync(ext_.get(), h_ext_.get(), ext_.bytes(), cudaMemcpyHostToDevice, s));
 
-  kern::embed_sum(lm_.emb_tables.get(), lm_.emb_rows.get(), K, tok, use_ext, ext_.get(), D, 1, x_.get(), s);
-  kern::RingArgs ring;
-  ring.C = c.context;
-  ring.H = c.num_heads;
-  ring.hd = D / c.num_heads;
-  ring.context = c.context;
-  ring.pos = pos_.get();
-  ring.slot = slot_.get();
-  const size_t layer_kv = static_cast<size_t>(c.context) * D;
-  using kern::GemvIn;
-  using kern::GemvOut;
-  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, 1, s); };
-  for (int l = 0; l < c.num_layers; ++l) {
-    const CudaLm::Temporal& L = lm_.layers[l];
-    if (lm_.kv_fp8()) {
-      const size_t layer_sc = static_cast<size_t>(c.context) * c.num_heads;
-      ring.k8 = k8_cache_.get() + l * layer_kv;
-      ring.v8 = v8_cache_.get() + l * layer_kv;
-      ring.k_scale = k_scale_.get() + l * layer_sc;
-      ring.v_scale = v_scale_.get() + l * layer_sc;
-    } else {
-      ring.k = k_cache_.get() + l * layer_kv;
-      ring.v = v_cache_.get() + l * layer_kv;
-    }
-    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
-    kern::rope_append(qkv_.get(), q_.get(), ring, 1, static_cast<float>(c.max_period), s);
-    kern::ring_attention(q_.get(), ring, 1, work_.get(), att_.get(), s);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
-    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
-  }
-  // Text head on out_norm(x), then sampling; `next_` becomes the merged text token.
-  {
-    kern::GemvArgs a;
-    a.x = x_.get();
-    a.x_stride = D;
-    a.N = V;
-    a.K = D;
-    a.alpha = lm_.out_norm;
-    a.yf = logits_.get();
-    a.y_stride = V;
-    lm_.text_linear.set(a);
-    kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
-  }
+  TemporalIo io;
+  io.tok = tok;
+  io.use_ext = use_ext;
+  io.ext = ext_.get();
+  io.pos = pos_.get();
+  io.slot = slot_.get();
+  io.k = k_cache_.get();
+  io.v = v_cache_.get();
+  io.k8 = k8_cache_.get();
+  io.v8 = v8_cache_.get();
+  io.k_scale = k_scale_.get();
+  io.v_scale = v_scale_.get();
+  io.layer_kv = static_cast<size_t>(c.context) * D;
+  io.layer_sc = static_cast<size_t>(c.context) * c.num_heads;
+  io.x = x_.get();
+  io.qkv = qkv_.get();
+  io.q = q_.get();
+  io.att = att_.get();
+  io.gu = gu_.get();
+  io.work = work_.get();
+  io.text_logits = logits_.get();
+  enqueue_temporal(lm_, io, s);
   enqueue_sample(live_sample_io(), 0, logits_.get(), V, s);
   PPX_CUDA_CHECK(cudaGetLastError());
 }

@@ -168,6 +168,32 @@ struct DepformerIo {
   __nv_bfloat16* xstage = nullptr;   // [B, max K] GEMM staging for B > 4 (kern::GemvArgs::xstage), or nullptr
 };
 
+// The temporal transformer's device buffers for B batch rows: the embedding of the request's tokens
+// through every layer (KV caches of `slots` rings, batch row b in ring slot[b] at pos[slot[b]]) and
+// the text head's logits. Used by the batch-1 stepper (one ring) and by CudaLmBatch.
+struct TemporalIo {
+  int B = 1;
+  const int32_t* tok = nullptr;      // [B, K] input tokens (-1: none)
+  const int32_t* use_ext = nullptr;  // [B] 1: add ext's row (a voice-prompt embedding)
+  const float* ext = nullptr;        // [B, dim]
+  const int32_t* pos = nullptr;      // [slots] position of this step's token in each ring
+  const int32_t* slot = nullptr;     // [B]
+  const int32_t* row_pos = nullptr;  // [B] or nullptr: rows at their own positions (kern::RingArgs)
+  // KV caches [layers, slots, context, dim]: bf16 k / v, or (--kv-fp8) k8 / v8 with per-head
+  // scales [layers, slots, context, heads]; the layer strides in elements.
+  __nv_bfloat16 *k = nullptr, *v = nullptr;
+  __nv_fp8_e4m3 *k8 = nullptr, *v8 = nullptr;
+  float *k_scale = nullptr, *v_scale = nullptr;
+  size_t layer_kv = 0, layer_sc = 0;
+  // Scratch: x [B, dim] (the residual stream, the output), qkv [B, 3 dim], q, att [B, dim],
+  // gu [B, 2 ffn], work (kern::attention_work_floats), xstage as in DepformerIo.
+  __nv_bfloat16 *x = nullptr, *qkv = nullptr, *q = nullptr, *att = nullptr, *gu = nullptr;
+  float* work = nullptr;
+  __nv_bfloat16* xstage = nullptr;
+  float* text_logits = nullptr;      // [B, text_card] out; nullptr: no text head (prompt prefill)
+};
+void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s);
+
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
 // or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
 // `xstage` ([B, K] scratch, or nullptr): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).

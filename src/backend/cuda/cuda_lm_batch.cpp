@@ -20,7 +20,7 @@ using bf16 = __nv_bfloat16;
 }  // namespace
 
 CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
-    : lm_(lm), slots_(slots), rows_(slots), device_(device) {
+    : lm_(lm), slots_(slots), rows_(std::max(slots, kPrefillRows)), device_(device) {
   const LmConfig& c = lm.config();
   if (slots < 1) throw Error("CudaLmBatch: at least one slot");
   dep_steps_ = dep_steps < 0 ? c.dep_q : std::min(dep_steps, c.dep_q);
@@ -96,6 +96,10 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   h_prov_ = PinnedBuffer<uint8_t>(r * K_);
   h_ext_ = PinnedBuffer<float>(r * D);
   h_out_ = PinnedBuffer<int32_t>(r * (1 + S_));
+  row_pos_.resize(r);
+  h_row_pos_ = PinnedBuffer<int32_t>(r);
+  host_pos_.assign(all, 0);
+  host_counter_.assign(all, 0);
   in_.zero(stream_);
   provided_.zero(stream_);
   ext_.zero(stream_);
@@ -134,6 +138,8 @@ void CudaLmBatch::open(int slot, const LmGenConfig& gen, uint64_t seed) {
   PPX_CUDA_CHECK(cudaMemcpyAsync(counter_.get() + slot, &zero64, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
   PPX_CUDA_CHECK(cudaMemcpyAsync(pos_.get() + slot, &zero32, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  host_pos_[static_cast<size_t>(slot)] = 0;
+  host_counter_[static_cast<size_t>(slot)] = 0;
 }
 
 void CudaLmBatch::reset(int slot) {
@@ -141,6 +147,62 @@ void CudaLmBatch::reset(int slot) {
   const int32_t zero32 = 0;
   PPX_CUDA_CHECK(cudaMemcpyAsync(pos_.get() + slot, &zero32, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  host_pos_[static_cast<size_t>(slot)] = 0;
+}
+
+void CudaLmBatch::set_slot_position(int slot, int32_t pos, uint64_t counter) {
+  // Pinned staging is not needed for two words, but the copy must finish before `pos` and
+  // `counter` leave scope: the caller synchronizes.
+  PPX_CUDA_CHECK(cudaMemcpyAsync(pos_.get() + slot, &pos, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(counter_.get() + slot, &counter, sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  host_pos_[static_cast<size_t>(slot)] = pos;
+  host_counter_[static_cast<size_t>(slot)] = counter;
+}
+
+void CudaLmBatch::prefill(int slot, const StepRequest* reqs, int n) {
+  check_slot(slot);
+  if (n <= 0) return;
+  const LmConfig& c = lm_.config();
+  const int64_t p0 = host_pos_[static_cast<size_t>(slot)];
+  if (n > rows_ || p0 + n > c.context) {
+    // Past the ring (or more rows than the buffers hold): the steps themselves.
+    LmBatch::prefill(slot, reqs, n);
+    return;
+  }
+  const int D = c.dim;
+  // The request block as run() lays it out for B = n rows; only tokens, use_ext and slot are read.
+  int32_t* tok = h_in_.get();
+  int32_t* use_ext = tok + static_cast<size_t>(n) * (K_ + 1 + S_ + K_);
+  int32_t* slot_col = use_ext + n;
+  bool any_ext = false;
+  for (int b = 0; b < n; ++b) {
+    const StepRequest& r = reqs[b];
+    for (int k = 0; k < K_; ++k) {
+      if (!r.provided[k]) throw Error("prefill: stream " + std::to_string(k) + " is not provided");
+      tok[static_cast<size_t>(b) * K_ + k] = static_cast<int32_t>(r.input[k]);
+    }
+    use_ext[b] = r.embedding ? 1 : 0;
+    if (r.embedding) {
+      std::memcpy(h_ext_.get() + static_cast<size_t>(b) * D, r.embedding, D * sizeof(float));
+      any_ext = true;
+    }
+    slot_col[b] = slot;
+    h_row_pos_.get()[b] = static_cast<int32_t>(p0 + b);
+  }
+  PPX_CUDA_CHECK(cudaMemcpyAsync(in_.get(), h_in_.get(), static_cast<size_t>(n) * R_ * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(row_pos_.get(), h_row_pos_.get(), static_cast<size_t>(n) * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_));
+  if (any_ext)
+    PPX_CUDA_CHECK(cudaMemcpyAsync(ext_.get(), h_ext_.get(), static_cast<size_t>(n) * D * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+  TemporalIo t = temporal_io(n);
+  t.row_pos = row_pos_.get();
+  t.text_logits = nullptr;  // no text head: nothing reads this pass's logits
+  enqueue_temporal(lm_, t, stream_);
+  PPX_CUDA_CHECK(cudaGetLastError());
+  set_slot_position(slot, static_cast<int32_t>(p0 + n), host_counter_[static_cast<size_t>(slot)] + n);
 }
 
 void CudaLmBatch::enqueue_sample(int B, int stream_index, const float* logits, int64_t stride, int n,
@@ -166,59 +228,44 @@ void CudaLmBatch::enqueue_sample(int B, int stream_index, const float* logits, i
   kern::sample_tokens(a, B, s);
 }
 
-void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
+TemporalIo CudaLmBatch::temporal_io(int B) {
   const LmConfig& c = lm_.config();
-  const int D = c.dim, H = c.ffn_hidden(), V = c.text_card, DD = c.depformer_dim;
   const size_t all = static_cast<size_t>(slots_) + 1;
   int32_t* tok = in_.get();
   int32_t* use_ext = tok + static_cast<size_t>(B) * (K_ + 1 + S_ + K_);
-  int32_t* slot = use_ext + B;
-  kern::embed_sum(lm_.emb_tables.get(), lm_.emb_rows.get(), K_, tok, use_ext, ext_.get(), D, B, x_.get(), s);
-  kern::RingArgs ring;
-  ring.C = c.context;
-  ring.H = c.num_heads;
-  ring.hd = D / c.num_heads;
-  ring.context = c.context;
-  ring.pos = pos_.get();
-  ring.slot = slot;
-  const size_t layer_kv = all * c.context * D;
-  const size_t layer_sc = all * c.context * c.num_heads;
-  using kern::GemvIn;
-  using kern::GemvOut;
-  auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, xstage_.get()); };
-  for (int l = 0; l < c.num_layers; ++l) {
-    const CudaLm::Temporal& L = lm_.layers[l];
-    if (lm_.kv_fp8()) {
-      ring.k8 = k8_cache_.get() + l * layer_kv;
-      ring.v8 = v8_cache_.get() + l * layer_kv;
-      ring.k_scale = k_scale_.get() + l * layer_sc;
-      ring.v_scale = v_scale_.get() + l * layer_sc;
-    } else {
-      ring.k = k_cache_.get() + l * layer_kv;
-      ring.v = v_cache_.get() + l * layer_kv;
-    }
-    gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, x_.get(), 3 * D, D, qkv_.get(), L.norm1);
-    kern::rope_append(qkv_.get(), q_.get(), ring, B, static_cast<float>(c.max_period), s);
-    kern::ring_attention(q_.get(), ring, B, work_.get(), att_.get(), s);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, att_.get(), D, D, x_.get());
-    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, x_.get(), 2 * H, D, gu_.get(), L.norm2);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, gu_.get(), D, H, x_.get());
-  }
-  {
-    kern::GemvArgs a;
-    a.x = x_.get();
-    a.x_stride = D;
-    a.N = V;
-    a.K = D;
-    a.B = B;
-    a.alpha = lm_.out_norm;
-    a.yf = text_logits_.get();
-    a.y_stride = V;
-    a.xstage = xstage_.get();
-    lm_.text_linear.set(a);
-    kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
-  }
+  TemporalIo t;
+  t.B = B;
+  t.tok = tok;
+  t.use_ext = use_ext;
+  t.ext = ext_.get();
+  t.pos = pos_.get();
+  t.slot = use_ext + B;
+  t.k = k_cache_.get();
+  t.v = v_cache_.get();
+  t.k8 = k8_cache_.get();
+  t.v8 = v8_cache_.get();
+  t.k_scale = k_scale_.get();
+  t.v_scale = v_scale_.get();
+  t.layer_kv = all * c.context * c.dim;
+  t.layer_sc = all * c.context * c.num_heads;
+  t.x = x_.get();
+  t.qkv = qkv_.get();
+  t.q = q_.get();
+  t.att = att_.get();
+  t.gu = gu_.get();
+  t.work = work_.get();
+  t.xstage = xstage_.get();
+  t.text_logits = text_logits_.get();
+  return t;
+}
+
+void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
+  const LmConfig& c = lm_.config();
+  const int V = c.text_card, DD = c.depformer_dim;
+  const size_t all = static_cast<size_t>(slots_) + 1;
+  const TemporalIo t = temporal_io(B);
+  const int32_t* slot = t.slot;
+  enqueue_temporal(lm_, t, s);
   enqueue_sample(B, 0, text_logits_.get(), V, V, s);
   DepformerIo io;
   io.B = B;
@@ -305,6 +352,10 @@ void CudaLmBatch::run(const BatchStep* steps, int n) {
   }
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PPX_CUDA_CHECK(cudaEventElapsedTime(&last_ms_, ev0_, ev1_));
+  for (int b = 0; b < n; ++b) {
+    ++host_pos_[static_cast<size_t>(steps[b].slot)];
+    ++host_counter_[static_cast<size_t>(steps[b].slot)];
+  }
   const int32_t* out = h_out_.get();
   for (int b = 0; b < n; ++b) {
     StepResult& o = *steps[b].out;

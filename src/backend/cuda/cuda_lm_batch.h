@@ -5,10 +5,17 @@
 // chunk of kern::kMaxGemvBatch rows instead of once per session.
 //
 // Everything is made at construction: per-slot state for `slots` sessions plus one scratch slot
-// (what padding rows of a batch write), the row buffers for `slots` rows, and one CUDA graph per
+// (what padding rows of a batch write), the row buffers for max(`slots`, kPrefillRows) rows, and one CUDA graph per
 // batch-size bucket (1, 2, 4, 8, ... and `slots`); a step of n sessions replays the smallest bucket
 // that holds n, its spare rows padding. open() writes a slot's parameters and zeroes its position
 // and counter: no allocation, no capture.
+//
+// Prompt prefill (prefill()): up to prefill_rows() consecutive positions of one slot whose streams
+// are all provided go through the temporal transformer as the rows of one pass (every row at its
+// own position: it appends its keys and values, then attends to the ring as that position's query),
+// without the text head, the depformer or sampling; the slot's position and random counter then
+// move on as n steps would have moved them. Positions must stay inside the ring (pos + n <=
+// context, which system prompts do); past it the steps run one by one. Direct launches, no graph.
 //
 // Numerics: up to a batch of 4 the batch-1 stepper's (CudaLmStepper) row by row (the same kernels;
 // a row's results do not depend on the other rows). Above 4 the projections run as tensor-core
@@ -33,6 +40,7 @@ namespace ppx::cuda {
 
 class CudaLmBatch : public LmBatch {
  public:
+  static constexpr int kPrefillRows = 64;  // prompt positions per prefill pass (at least)
   // dep_steps < 0: all dep_q depformer steps. `device`: the device the LM lives on.
   CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device);
   ~CudaLmBatch() override;
@@ -46,6 +54,8 @@ class CudaLmBatch : public LmBatch {
   void open(int slot, const LmGenConfig& gen, uint64_t seed) override;
   void reset(int slot) override;
   void run(const BatchStep* steps, int n) override;
+  void prefill(int slot, const StepRequest* reqs, int n) override;
+  int prefill_rows() const override { return rows_; }
 
   // Device time of the last run() (ms), measured with events.
   float last_step_ms() const { return last_ms_; }
@@ -53,9 +63,11 @@ class CudaLmBatch : public LmBatch {
   const std::vector<int>& buckets() const { return buckets_; }
 
  private:
+  TemporalIo temporal_io(int B);  // the temporal pass over rows 0..B-1 of the request block
   void enqueue_step(int B, cudaStream_t s);
   void enqueue_sample(int B, int stream_index, const float* logits, int64_t stride, int n, cudaStream_t s);
   void check_slot(int slot) const;
+  void set_slot_position(int slot, int32_t pos, uint64_t counter);
 
   const CudaLm& lm_;
   int slots_, rows_, dep_steps_, device_;
@@ -88,6 +100,12 @@ class CudaLmBatch : public LmBatch {
   PinnedBuffer<uint8_t> h_prov_;
   PinnedBuffer<float> h_ext_;
   PinnedBuffer<int32_t> h_out_;  // sampled [1 + S, B]
+  // Prefill: row positions [rows] (pinned copy), and every slot's position and counter as the host
+  // knows them (what the device's pos_ and counter_ hold after the queued work).
+  DeviceBuffer<int32_t> row_pos_;
+  PinnedBuffer<int32_t> h_row_pos_;
+  std::vector<int64_t> host_pos_;
+  std::vector<uint64_t> host_counter_;
 };
 
 }  // namespace ppx::cuda
