@@ -24,7 +24,7 @@ struct ModelFlags {
   int cuda_device = 0;
   bool random_weights = false;
   uint64_t demo_seed = 20261202;
-  int codec_slots = 2;  // codec streams the CUDA backend preallocates
+  int codec_slots = 2;  // codec streams the CUDA backend preallocates; 0: its computed capacity
   // The opt-in speed flags (docs/CLI.md); --fast sets the others. Checked by load_model() before
   // anything loads.
   bool fast = false, w8a16 = false, skip_other_mimi = false;

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "engine/capacity.h"
 #include "ppx/config.h"
 #include "ppx/conversation.h"
 #include "ppx/lm_batch.h"
@@ -34,6 +36,10 @@ class ModelBackend {
   // host thread). A thread other than the one that made the backend calls it before its first
   // codec stream or stepper call; the server's session workers do.
   virtual void attach_thread() {}
+  // How many sessions this device can hold (src/engine/capacity.h), computed when the model
+  // loaded: the server's default --max-sessions. nullopt where it is not modelled (the CPU
+  // backend, whose default stays 1).
+  virtual std::optional<Capacity> capacity() const { return std::nullopt; }
 };
 
 // Takes ownership of CPU models.
@@ -60,7 +66,9 @@ struct CudaOptions {
 };
 
 // The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device
-// (seed `random_seed`). `codec_slots`: codec streams that can exist at once. Throws ppx::Error
+// (seed `random_seed`). `codec_slots`: codec streams that can exist at once; 0: the computed
+// capacity's sessions (the LM loads first, then the device's copy rate and free memory are
+// measured, then the codec is built with that many slots). Throws ppx::Error
 // when the build has no CUDA backend or no GPU is usable.
 // `with_lm` false builds the codec only (lm_stepper then throws).
 std::unique_ptr<ModelBackend> make_cuda_backend(const ModelConfig& cfg, WeightSource& mimi_weights,

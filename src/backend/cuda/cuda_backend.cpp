@@ -1,6 +1,7 @@
 // The CUDA backend: CudaMimi codec streams (one slot each, encode and decode captured as CUDA
 // graphs including their host transfers) and CudaLm steppers.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
 #include "engine/backend.h"
+#include "engine/capacity.h"
 #include "ppx/error.h"
 
 namespace ppx {
@@ -92,17 +94,69 @@ cuda::CudaLmOptions lm_options(const CudaOptions& o) {
   return l;
 }
 
+// The device's copy rate in bytes per second (read plus written, as personaplex-bench-kernels
+// counts it): a few device-to-device copies of 256 MiB, a few milliseconds in all. Measured rather
+// than looked up by GPU name, so that a new device needs no table.
+double measure_copy_bandwidth(cudaStream_t s) {
+  constexpr size_t kBytes = size_t{256} << 20;
+  constexpr int kReps = 4;
+  cuda::DeviceBuffer<uint8_t> a(kBytes), b(kBytes);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  PPX_CUDA_CHECK(cudaEventCreate(&e0));
+  PPX_CUDA_CHECK(cudaEventCreate(&e1));
+  PPX_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, kBytes, s));
+  PPX_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), kBytes, cudaMemcpyDeviceToDevice, s));  // warm-up
+  PPX_CUDA_CHECK(cudaEventRecord(e0, s));
+  for (int i = 0; i < kReps; ++i)
+    PPX_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), kBytes,
+                                   cudaMemcpyDeviceToDevice, s));
+  PPX_CUDA_CHECK(cudaEventRecord(e1, s));
+  PPX_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  PPX_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms > 0 ? 2.0 * kBytes * kReps / (ms * 1e-3) : 0.0;
+}
+
+// The capacity model's inputs on this device, measured after the LM loaded and before the codec
+// and the batch allocate (engine/capacity.h).
+Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm) {
+  cudaStream_t s = nullptr;
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  double bw = 0;
+  try {
+    bw = measure_copy_bandwidth(s);
+  } catch (...) {
+    cudaStreamDestroy(s);
+    throw;
+  }
+  PPX_CUDA_CHECK(cudaStreamDestroy(s));
+  size_t free_b = 0, total_b = 0;
+  PPX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  CapacityInputs in;
+  in.lm = *cfg.lm;
+  in.kv = lm.kv_fp8() ? KvDtype::kFp8 : KvDtype::kBf16;
+  in.weight_bytes = static_cast<double>(lm.weight_bytes());
+  in.free_bytes = static_cast<double>(free_b);
+  in.bandwidth = bw;
+  in.codec_bytes_per_session = static_cast<double>(codec_slot_bytes_estimate(cfg.mimi));
+  return compute_capacity(in);
+}
+
 class CudaBackend : public ModelBackend {
  public:
+  // The LM loads first, so that the capacity is measured with its weights in place and the codec
+  // (codec_slots 0) can be built with that many slots.
   CudaBackend(const ModelConfig& cfg, WeightSource& mw, WeightSource* lw, uint64_t seed, int slots,
               bool with_lm, const CudaOptions& opt)
-      : mimi_(cfg.mimi, mw, slots, opt.mimi_pdl),
-        bins_(cfg.mimi.quantizer.bins),
-        lm_(!with_lm ? nullptr
+      : lm_(!with_lm ? nullptr
             : lw     ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw, lm_options(opt))
                      : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_options(opt))),
-        slots_(slots),
-        used_(slots, false),
+        capacity_(lm_ ? std::optional<Capacity>(measure_capacity(cfg, *lm_)) : std::nullopt),
+        slots_(slots > 0 ? slots : capacity_ ? capacity_->sessions : 1),
+        mimi_(cfg.mimi, mw, slots_, opt.mimi_pdl),
+        bins_(cfg.mimi.quantizer.bins),
         device_index_(opt.device),
         device_("cuda: " + cuda::device_description()) {}
   // Cached: /health asks for it, and must not touch a device that may have failed.
@@ -123,13 +177,14 @@ class CudaBackend : public ModelBackend {
     if (!lm_) throw Error("this CUDA backend was built without the LM");
     return std::make_unique<cuda::CudaLmBatch>(*lm_, slots, dep_steps, device_index_);
   }
+  std::optional<Capacity> capacity() const override { return capacity_; }
 
  private:
+  std::unique_ptr<cuda::CudaLm> lm_;
+  std::optional<Capacity> capacity_;
+  int slots_;
   cuda::CudaMimi mimi_;
   int bins_;
-  std::unique_ptr<cuda::CudaLm> lm_;
-  int slots_;
-  std::vector<bool> used_;
   int device_index_;
   std::string device_;
 };

@@ -1,0 +1,69 @@
+#include "engine/capacity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "ppx/error.h"
+
+namespace ppx {
+
+size_t lm_slot_bytes(const LmConfig& c, KvDtype kv) {
+  // Mirrors CudaLmBatch's constructor: per slot, k and v caches of [layers, context, dim], in bf16
+  // or in fp8 with fp32 scales of [layers, context, heads]; the depformer's bf16 k and v rings of
+  // [depformer layers, dep_q, depformer dim].
+  const size_t positions = static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.context);
+  const size_t values = positions * static_cast<size_t>(c.dim);
+  size_t bytes = kv == KvDtype::kFp8 ? 2 * values * 1 + 2 * positions * static_cast<size_t>(c.num_heads) * 4
+                                     : 2 * values * 2;
+  bytes += 2 * static_cast<size_t>(c.depformer_num_layers) * static_cast<size_t>(c.dep_q) *
+           static_cast<size_t>(c.depformer_dim) * 2;
+  return bytes;
+}
+
+size_t lm_slot_read_bytes(const LmConfig& c, KvDtype kv) { return lm_slot_bytes(c, kv); }
+
+size_t codec_slot_bytes_estimate(const MimiConfig& c) {
+  const MimiTransformerConfig& t = c.transformer;
+  // Encoder and decoder transformers, keys and values, fp32.
+  const size_t rings = 2 * 2 * static_cast<size_t>(t.num_layers) * static_cast<size_t>(t.context) *
+                       static_cast<size_t>(t.d_model) * 4;
+  return rings + rings / 2;
+}
+
+Capacity compute_capacity(const CapacityInputs& in) {
+  if (in.weight_bytes < 0 || in.free_bytes < 0 || in.bandwidth < 0 || in.reserve_bytes < 0 ||
+      in.codec_bytes_per_session < 0 || in.prompt_cache_bytes < 0)
+    throw Error("capacity: byte counts and the bandwidth must not be negative");
+  if (!(in.headroom >= 0 && in.headroom < 1)) throw Error("capacity: the headroom must be in [0, 1)");
+  if (!(in.weight_efficiency > 0 && in.weight_efficiency <= 1) || !(in.kv_efficiency > 0 && in.kv_efficiency <= 1))
+    throw Error("capacity: the stream efficiencies must be in (0, 1]");
+  if (!(in.frame_ms > 0)) throw Error("capacity: the frame must be longer than 0 ms");
+  Capacity cap;
+  cap.bandwidth = in.bandwidth;
+  cap.free_bytes = in.free_bytes;
+  const double slot = static_cast<double>(lm_slot_bytes(in.lm, in.kv));
+  cap.bytes_per_session = slot + in.codec_bytes_per_session;
+  cap.read_bytes_per_session = static_cast<double>(lm_slot_read_bytes(in.lm, in.kv));
+
+  // Memory: the batch allocates one slot more than its sessions (the scratch slot that padding
+  // rows write), and the prompt cache and the fixed reserve come out of the same free memory.
+  const double usable = in.free_bytes * (1 - in.headroom) - in.reserve_bytes - in.prompt_cache_bytes - slot;
+  cap.memory_sessions = usable <= 0 ? 0 : static_cast<int>(std::min(1e9, std::floor(usable / cap.bytes_per_session)));
+
+  // Bandwidth: a step at batch N reads the weights once and N full-context KV caches, each at its
+  // measured share of the copy rate, and must end within the frame less the headroom.
+  if (in.bandwidth > 0) {
+    cap.weight_step_ms = 1e3 * in.weight_bytes / (in.weight_efficiency * in.bandwidth);
+    cap.session_step_ms = 1e3 * cap.read_bytes_per_session / (in.kv_efficiency * in.bandwidth);
+    const double left = in.frame_ms * (1 - in.headroom) - cap.weight_step_ms;
+    cap.bandwidth_sessions =
+        left <= 0 ? 0 : static_cast<int>(std::min(1e9, std::floor(left / cap.session_step_ms)));
+  }
+  const int limit = cap.bandwidth_sessions ? std::min(cap.memory_sessions, *cap.bandwidth_sessions)
+                                           : cap.memory_sessions;
+  cap.sessions = std::clamp(limit, 1, kMaxSessionsLimit);
+  return cap;
+}
+
+}  // namespace ppx

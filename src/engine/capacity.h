@@ -1,0 +1,88 @@
+// How many sessions a device can hold: the lower of what its free memory allows (per-session LM
+// slot and codec state, the prompt cache) and what its memory bandwidth allows within the frame
+// (every batch step reads the LM weights once plus every session's full-context KV cache). The
+// server uses the result as the default --max-sessions and reports both limits in /health
+// (docs/CLI.md). Pure arithmetic, so that it is tested on the CPU with any device's numbers.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "ppx/config.h"
+
+namespace ppx {
+
+enum class KvDtype {
+  kBf16,  // the CUDA default: 2 bytes a value
+  kFp8,   // --kv-fp8: 1 byte a value plus one fp32 scale per (position, head) for keys and values
+};
+
+// Device bytes of one LM session slot as CudaLmBatch allocates it: the temporal transformer's
+// keys and values over the whole context (layers x context x dim each, in `kv`; with fp8 also
+// layers x context x heads fp32 scales each) and the depformer's per-frame ring (bf16, depformer
+// layers x dep_q x depformer dim, keys and values).
+size_t lm_slot_bytes(const LmConfig& c, KvDtype kv);
+
+// Bytes one batch step reads from one session's slot at full context: every position's keys and
+// values in every layer (with their fp8 scales) and the depformer ring. Equal to lm_slot_bytes:
+// a full-context session reads all of its slot every step.
+size_t lm_slot_read_bytes(const LmConfig& c, KvDtype kv);
+
+// An estimate of one CUDA codec stream's device state: the Mimi encoder and decoder transformers'
+// fp32 key and value rings, times 1.5 for the SEANet convolution histories and activations (which
+// are smaller; the headroom covers any error). Sized before the codec is built, as its slot count
+// is the capacity itself.
+size_t codec_slot_bytes_estimate(const MimiConfig& c);
+
+// The efficiencies of the bandwidth model: the fraction of the measured device-to-device copy rate
+// (bytes read plus written, as cudaMemcpy moves them) at which a batch step streams the weights
+// and the KV caches. Measured on an H200 whose copy rate is ~4.3 TB/s: the GEMVs and GEMMs read
+// the weights at ~2-3 TB/s (0.6), the batched temporal attention reads keys and values at
+// ~1.4 TB/s at full context (1/3) (docs/PERF.md). Better kernels raise them.
+inline constexpr double kWeightStreamEfficiency = 0.6;
+inline constexpr double kKvStreamEfficiency = 1.0 / 3.0;
+
+// The sessions a server may hold at most (--max-sessions' range).
+inline constexpr int kMaxSessionsLimit = 256;
+
+struct CapacityInputs {
+  LmConfig lm;
+  KvDtype kv = KvDtype::kBf16;
+  // The LM's weight bytes, all read once per batch step (cuda::CudaLm::weight_bytes(): ~16.1 GB
+  // in bf16 at full size, ~7.5 GB with --w8a16).
+  double weight_bytes = 0;
+  // Free device memory after the model loaded (the LM's weights are no longer in it).
+  double free_bytes = 0;
+  // The device's copy rate in bytes per second (read plus written); 0: unknown, no bandwidth
+  // limit (the CPU).
+  double bandwidth = 0;
+  double frame_ms = 80;  // one frame of audio: every session needs one step per frame
+  // The fraction of free memory and of the frame kept back: for the batch's row buffers, the CUDA
+  // graphs and cuBLAS's workspace, and for the codec, the host work and jitter within a frame.
+  double headroom = 0.1;
+  // Fixed device bytes still to come after free_bytes was measured that do not scale with the
+  // sessions: the codec's weights, the batch's row buffers and graphs.
+  double reserve_bytes = 1.0 * (1 << 30);
+  double codec_bytes_per_session = 0;  // codec_slot_bytes_estimate() on CUDA
+  double prompt_cache_bytes = 0;       // the prompt cache's byte cap (none yet: 0)
+  double weight_efficiency = kWeightStreamEfficiency;
+  double kv_efficiency = kKvStreamEfficiency;
+};
+
+struct Capacity {
+  int memory_sessions = 0;               // what free memory allows (unclamped, >= 0)
+  std::optional<int> bandwidth_sessions;  // what bandwidth allows (unclamped, >= 0); none when unknown
+  int sessions = 1;                       // min of both, clamped to [1, kMaxSessionsLimit]
+  double bytes_per_session = 0;           // LM slot plus codec state
+  double read_bytes_per_session = 0;      // bytes a full-context session adds to every step
+  double weight_step_ms = 0;              // the weights' share of a step at the modelled rate
+  double session_step_ms = 0;             // each full-context session's share of a step
+  double bandwidth = 0;                   // the input's copy rate (bytes/s); 0: unknown
+  double free_bytes = 0;                  // the input's free memory
+};
+
+// The capacity model above. Throws ppx::Error on inputs that make no sense (negative bytes, a
+// headroom outside [0, 1), efficiencies outside (0, 1]).
+Capacity compute_capacity(const CapacityInputs& in);
+
+}  // namespace ppx
