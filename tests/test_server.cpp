@@ -47,6 +47,16 @@ TEST_F(ServerTest, HealthAndVoices) {
     EXPECT_TRUE(h["device_index"].is_null()) << h;
   EXPECT_EQ(h["sessions_in_use"], 0);
   EXPECT_EQ(h["max_sessions"], 1);
+  // The capacity: the options' count, and the device's limits where they are modelled (CUDA).
+  ASSERT_TRUE(h["capacity"].is_object()) << h;
+  EXPECT_EQ(h["capacity"]["max_sessions"], 1);
+  EXPECT_EQ(h["capacity"]["source"], "default");
+  if (dev && std::string(dev) == "cuda") {
+    EXPECT_TRUE(h["capacity"]["memory_sessions"].is_number_integer()) << h;
+    EXPECT_GT(h["capacity"]["bandwidth_gb_s"].get<double>(), 0) << h;
+  } else {
+    EXPECT_TRUE(h["capacity"]["memory_sessions"].is_null()) << h;
+  }
   // The symlink pointing outside the directory is not listed.
   EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/api/voices")),
             nlohmann::json::array({"voice.wav"}));

@@ -216,4 +216,37 @@ TEST(ServerProcessTest, LogJsonLinesCarryTheSessionFields) {
   EXPECT_EQ(find("server stopped cleanly").size(), 1u) << p.err();
 }
 
+// /health's capacity: without --max-sessions the CPU backend keeps its default of 1 (its capacity
+// is not modelled: the limits are null); --max-sessions wins and says so. The startup log says
+// what was chosen.
+TEST(ServerProcessTest, HealthReportsTheCapacity) {
+  {
+    ServerProcess p({});
+    const uint16_t port = p.port();
+    ASSERT_NE(port, 0) << p.log();
+    int status = 0;
+    const auto h = nlohmann::json::parse(http_get(port, "/health", &status));
+    EXPECT_EQ(status, 200);
+    EXPECT_EQ(h["max_sessions"], 1) << h;
+    ASSERT_TRUE(h["capacity"].is_object()) << h;
+    const auto& c = h["capacity"];
+    EXPECT_EQ(c["max_sessions"], 1) << c;
+    EXPECT_EQ(c["source"], "default") << c;
+    for (const char* k : {"memory_sessions", "bandwidth_sessions", "computed_sessions", "bandwidth_gb_s",
+                          "free_bytes", "bytes_per_session"})
+      EXPECT_TRUE(c.contains(k) && c[k].is_null()) << k << ": " << c;
+    EXPECT_NE(p.err().find("capacity: not modelled on this device, using 1"), std::string::npos) << p.err();
+  }
+  {
+    ServerProcess p({"--max-sessions", "3"});
+    const uint16_t port = p.port();
+    ASSERT_NE(port, 0) << p.log();
+    const auto h = nlohmann::json::parse(http_get(port, "/health"));
+    EXPECT_EQ(h["max_sessions"], 3) << h;
+    EXPECT_EQ(h["capacity"]["max_sessions"], 3) << h;
+    EXPECT_EQ(h["capacity"]["source"], "given") << h;
+    EXPECT_NE(p.err().find("using 3 (--max-sessions)"), std::string::npos) << p.err();
+  }
+}
+
 }  // namespace

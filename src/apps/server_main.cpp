@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
+#include "engine/capacity.h"
 #include "ppx/error.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -29,7 +32,34 @@ void raise_fd_limit() {
 }
 
 // After the flags are parsed and the log is set up: checks, loads the model, serves until a signal.
-int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api_key_given) {
+// The capacity line of the startup log: both limits (where modelled) and the sessions used.
+void log_capacity(const std::optional<ppx::Capacity>& cap, const ppx::server::ServerOptions& o) {
+  std::string msg = "capacity: ";
+  if (cap) {
+    msg += "memory allows " + std::to_string(cap->memory_sessions) + ", bandwidth allows " +
+           (cap->bandwidth_sessions ? std::to_string(*cap->bandwidth_sessions) : std::string("any")) + ", ";
+  } else {
+    msg += "not modelled on this device, ";
+  }
+  msg += "using " + std::to_string(o.max_sessions) +
+         (o.max_sessions_source == "given" ? " (--max-sessions)" : "");
+  if (!cap) {
+    ppx::server::log::info(msg, {{"max_sessions", o.max_sessions}, {"source", o.max_sessions_source}});
+    return;
+  }
+  ppx::server::log::info(
+      msg, {{"max_sessions", o.max_sessions},
+            {"source", o.max_sessions_source},
+            {"memory_sessions", cap->memory_sessions},
+            {"bandwidth_sessions",
+             cap->bandwidth_sessions ? nlohmann::json(*cap->bandwidth_sessions) : nlohmann::json()},
+            {"bandwidth_gb_s", cap->bandwidth / 1e9},
+            {"free_gb", cap->free_bytes / 1e9},
+            {"gb_per_session", cap->bytes_per_session / 1e9}});
+}
+
+int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api_key_given,
+               bool max_sessions_given) {
   if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
     throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
   if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
@@ -37,18 +67,31 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
     throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
   if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
   raise_fd_limit();
-  mf.codec_slots = o.max_sessions;
+  // Without --max-sessions the CUDA backend sizes its codec by the capacity it computes (0).
+  mf.codec_slots = max_sessions_given ? o.max_sessions : 0;
   mf.note = [](const std::string& s) { ppx::server::log::info(s); };
 
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
   if (o.voice_dir.empty()) o.voice_dir = m.voice_dir;
+  // --max-sessions wins (the batch then refuses a count whose KV caches do not fit); without it the
+  // device's capacity, or 1 where it is not modelled (the CPU).
+  const std::optional<ppx::Capacity> cap = m.backend->capacity();
+  if (max_sessions_given) {
+    o.max_sessions_source = "given";
+  } else if (cap) {
+    o.max_sessions = cap->sessions;
+    o.max_sessions_source = "computed";
+  } else {
+    o.max_sessions_source = "default";
+  }
   const ppx::server::ServerModel sm = ppx::server::server_model(m);
   ppx::server::log::info("model loaded",
                          {{"model", m.description},
                           {"device", m.backend->device()},
                           {"device_index", m.device_index < 0 ? nlohmann::json() : nlohmann::json(m.device_index)},
                           {"speed_flags", m.speed_flags}});
+  log_capacity(cap, o);
 
   // Signals go to sigwait() below only: block them before any thread starts.
   sigset_t sigs;
@@ -111,9 +154,10 @@ int serve(int argc, char** argv) {
   app.add_option("--voice-prompt-dir", o.voice_dir,
                  "directory of voice prompts, .pt or .wav (default: <hf-dir>/voices)");
   app.add_option("--max-sessions", o.max_sessions,
-                 "concurrent conversations; more clients get a busy error")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+                 "concurrent conversations; more clients get a busy error (default: on CUDA the "
+                 "lower of what free device memory and memory bandwidth allow, logged at startup "
+                 "and in /health; on the CPU 1)")
+      ->check(CLI::Range(1, ppx::kMaxSessionsLimit));
   app.add_option("--static", o.static_dir,
                  "serve the files of this directory at GET /<path> (optional)")
       ->check(CLI::ExistingDirectory);
@@ -169,7 +213,7 @@ int serve(int argc, char** argv) {
   ppx::server::log::init(level, log_json);
   // From here on a fatal error is a log line too (a JSON one with --log-json), not plain text.
   try {
-    return serve_with(mf, o, app.count("--api-key") > 0);
+    return serve_with(mf, o, app.count("--api-key") > 0, app.count("--max-sessions") > 0);
   } catch (const std::exception& e) {
     ppx::server::log::error(std::string("error: ") + e.what());
     return 2;

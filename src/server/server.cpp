@@ -56,6 +56,24 @@ std::string dump(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
+// /health's "capacity": the sessions this server holds and where that number came from, with the
+// capacity model's two limits (null where not modelled: the CPU backend) and its inputs.
+nlohmann::ordered_json capacity_json(const std::optional<Capacity>& c, const ServerOptions& o) {
+  nlohmann::ordered_json j;
+  j["max_sessions"] = o.max_sessions;
+  j["source"] = o.max_sessions_source;
+  j["memory_sessions"] = c ? nlohmann::ordered_json(c->memory_sessions) : nlohmann::ordered_json();
+  j["bandwidth_sessions"] =
+      c && c->bandwidth_sessions ? nlohmann::ordered_json(*c->bandwidth_sessions) : nlohmann::ordered_json();
+  j["computed_sessions"] = c ? nlohmann::ordered_json(c->sessions) : nlohmann::ordered_json();
+  j["bandwidth_gb_s"] = c && c->bandwidth > 0 ? nlohmann::ordered_json(c->bandwidth / 1e9) : nlohmann::ordered_json();
+  j["free_bytes"] = c ? nlohmann::ordered_json(c->free_bytes) : nlohmann::ordered_json();
+  j["bytes_per_session"] = c ? nlohmann::ordered_json(c->bytes_per_session) : nlohmann::ordered_json();
+  j["weight_step_ms"] = c && c->bandwidth > 0 ? nlohmann::ordered_json(c->weight_step_ms) : nlohmann::ordered_json();
+  j["session_step_ms"] = c && c->bandwidth > 0 ? nlohmann::ordered_json(c->session_step_ms) : nlohmann::ordered_json();
+  return j;
+}
+
 // Constant-time comparison (of SHA-256 digests, so the length leaks nothing either).
 bool same_secret(const std::string& a, const std::string& b) {
   unsigned char da[SHA256_DIGEST_LENGTH], db[SHA256_DIGEST_LENGTH];
@@ -315,6 +333,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       j["max_sessions"] = hub_->opts.max_sessions;
       j["connections"] = hub_->connections.load();
       j["max_connections"] = hub_->opts.max_connections;
+      j["capacity"] = capacity_json(hub_->model.capacity, hub_->opts);
       const bool ok = path == "/health" ? why.empty() : ready;
       return reply(req, ok ? http::status::ok : http::status::service_unavailable,
                    "application/json", dump(j));
@@ -588,6 +607,7 @@ ServerModel server_model(const app::LoadedModel& m) {
   sm.device_index = m.device_index;
   sm.dep_steps = m.dep_steps;
   sm.speed_flags = m.speed_flags;
+  sm.capacity = m.backend->capacity();
   return sm;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct ServerOptions {
   std::string static_dir;  // empty: no static files
   std::string ssl_dir;     // non-empty: TLS with ssl_dir/cert.pem and ssl_dir/key.pem
   int max_sessions = 1;
+  // Where max_sessions came from, for /health's capacity: "given" (--max-sessions), "computed"
+  // (the capacity model, src/engine/capacity.h) or "default" (the CPU backend's 1).
+  std::string max_sessions_source = "default";
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
   double ping_interval_s = 2.0;  // 0x06 messages while the system prompts run
@@ -70,6 +74,7 @@ struct ServerModel {
   int device_index = -1;     // the CUDA device (--device cuda:N), reported by /health; -1: the CPU
   int dep_steps = -1;        // --dep-q-exit (-1: all depformer steps)
   std::string speed_flags;   // the speed flags in effect, reported by /health
+  std::optional<Capacity> capacity;  // the device's capacity (ModelBackend::capacity()), for /health
 };
 
 // The parts of a loaded model (which must outlive the Server) that the server uses.
