@@ -13,16 +13,23 @@
 // slots, every row a session with random provided audio tokens and sampled text and agent tokens):
 // step wall time p50/p99/p99.9 per batch size, --frames steps after --warmup.
 //
-// --prefill F (with either): F untimed steps first, back to back, so that the timed ones run with
+// --sweep N1 N2 ...: the --sessions run at each count in one process (the model loaded once, a
+// fresh scheduler and LM batch per count): one JSON with every run's results under "runs", a
+// table on stderr, and a PNG beside --out (its name with .png) plotting the added latency p99
+// and the batch step p99 against the count, with the 80 ms frame and the 160 ms budget.
+//
+// --prefill F (with any of them): F untimed steps first, back to back, so that the timed ones run with
 // the context filled (the LM's context is 3000 frames; the KV cache is a ring).
 //
-//   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N] [--out FILE]
+//   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N]
+//                     [--sweep N1 N2 ...] [--lm-batch B1 B2 ...] [--prefill F] [--out FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -30,6 +37,7 @@
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
+#include "apps/png_plot.h"
 #include "engine/backend.h"
 #include "engine/scheduler.h"
 #include "ppx/conversation.h"
@@ -60,9 +68,10 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
   return j;
 }
 
-// --sessions N (see the top of this file).
-int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
-                   int warmup, int prefill, int argc, char** argv, const std::string& out) {
+// One --sessions run: N sessions through a fresh scheduler (its own LM batch of N slots). Returns
+// the run's results, without the JSON head.
+nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions, int frames, int warmup,
+                                    int prefill) {
   using Clock = std::chrono::steady_clock;
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::mutex mu;  // guards the vectors below
@@ -126,7 +135,7 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   int64_t over = 0;
   for (double l : latency) over += l > budget_ms;
   std::vector<double> bsz(batch.begin(), batch.end());
-  nlohmann::ordered_json j = result_head("sessions", m, mf);
+  nlohmann::ordered_json j;
   j["sessions"] = sessions;
   j["frames_per_session"] = frames;
   j["warmup"] = warmup;
@@ -139,6 +148,83 @@ int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   j["batch_size"] = ppx::app::latency_stats(bsz);
   j["batch_steps"] = step_ms.size();
   j["wall_s"] = wall_s;
+  return j;
+}
+
+// --sessions N (see the top of this file).
+int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
+                   int warmup, int prefill, int argc, char** argv, const std::string& out) {
+  nlohmann::ordered_json j = result_head("sessions", m, mf);
+  j.update(run_sessions(m, sessions, frames, warmup, prefill));
+  j["machine"] = ppx::app::machine_info();
+  j["command"] = ppx::app::command_line(argc, argv);
+  ppx::app::emit_json(j, out);
+  return 0;
+}
+
+// `path` with its extension (if any) replaced by `ext`.
+std::string with_extension(const std::string& path, const std::string& ext) {
+  return std::filesystem::path(path).replace_extension(ext).string();
+}
+
+// --sweep N1 N2 ... (see the top of this file).
+int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& counts,
+                int frames, int warmup, int prefill, int argc, char** argv, const std::string& out) {
+  const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  ppx::app::PlotSeries added{"added latency p99", {214, 39, 40}, {}, {}};
+  ppx::app::PlotSeries step{"batch step p99", {31, 119, 180}, {}, {}};
+  for (const int n : counts) {
+    std::fprintf(stderr, "sweep: %d sessions\n", n);
+    nlohmann::ordered_json r = run_sessions(m, n, frames, warmup, prefill);
+    // A run too short to time a step after every session started has no step statistics.
+    const auto p99 = [](const nlohmann::ordered_json& st) {
+      return st.contains("p99") ? st["p99"].get<double>() : std::nan("");
+    };
+    added.x.push_back(n);
+    added.y.push_back(p99(r["added_latency_ms"]));
+    step.x.push_back(n);
+    step.y.push_back(p99(r["batch_step_ms"]));
+    runs.push_back(std::move(r));
+  }
+  const std::string png = with_extension(out, ".png");
+  ppx::app::PlotSpec spec;
+  spec.title = "personaplex-bench --sweep: p99 against sessions";
+  spec.x_label = "sessions";
+  spec.y_label = "ms";
+  spec.series = {added, step};
+  spec.lines = {{"80 ms frame", {120, 120, 120}, frame_ms}, {"160 ms budget", {44, 160, 44}, 2 * frame_ms}};
+  // Points without a value (no timed step) are left out of the plot.
+  for (ppx::app::PlotSeries& s : spec.series) {
+    ppx::app::PlotSeries kept{s.label, s.color, {}, {}};
+    for (size_t i = 0; i < s.x.size(); ++i)
+      if (std::isfinite(s.y[i])) kept.x.push_back(s.x[i]), kept.y.push_back(s.y[i]);
+    s = kept;
+  }
+  ppx::app::write_png(ppx::app::plot(spec), png);
+
+  // The table, on stderr so that stdout stays one JSON document.
+  std::fprintf(stderr, "%8s %8s %10s %10s %10s %10s %10s %8s\n", "sessions", "frames", "step p50", "step p99",
+               "added p50", "added p99", "added p99.9", "over");
+  for (const auto& r : runs) {
+    const auto v = [&](const char* k, const char* p) {
+      return r[k].contains(p) ? r[k][p].get<double>() : std::nan("");
+    };
+    std::fprintf(stderr, "%8d %8d %10.2f %10.2f %10.2f %10.2f %11.2f %8d\n", r["sessions"].get<int>(),
+                 r["frames"].get<int>(), v("batch_step_ms", "p50"), v("batch_step_ms", "p99"),
+                 v("added_latency_ms", "p50"), v("added_latency_ms", "p99"), v("added_latency_ms", "p99_9"),
+                 r["frames_over_budget"].get<int>());
+  }
+  std::fprintf(stderr, "plot: %s\n", png.c_str());
+
+  nlohmann::ordered_json j = result_head("sweep", m, mf);
+  j["frames_per_session"] = frames;
+  j["warmup"] = warmup;
+  j["prefill"] = prefill;
+  j["frame_ms"] = frame_ms;
+  j["budget_ms"] = 2 * frame_ms;
+  j["plot"] = png;
+  j["runs"] = runs;
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
   ppx::app::emit_json(j, out);
@@ -217,6 +303,12 @@ int bench(int argc, char** argv) {
                  "with --sessions or --lm-batch: this many steps first, back to back and untimed, to fill the "
                  "context (the LM context is 3000 frames)")
       ->check(CLI::Range(0, 1000000));
+  std::vector<int> sweep;
+  app.add_option("--sweep", sweep,
+                 "--sessions at each of these counts (space- or comma-separated; one model, a fresh scheduler "
+                 "each): one JSON with every run, and a PNG of p99 against the count beside --out")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
@@ -226,12 +318,23 @@ int bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (!sweep.empty()) {
+    if (sessions > 0 || soak_minutes > 0 || !batch_sizes.empty())
+      throw ppx::Error("--sweep cannot be combined with --sessions, --lm-batch or --soak");
+    if (out.empty()) throw ppx::Error("--sweep needs --out FILE (the plot is written beside it, as FILE with .png)");
+    // Before the runs, not after them: the files are written at the end.
+    if (const auto dir = std::filesystem::path(out).parent_path(); !dir.empty() && !std::filesystem::is_directory(dir))
+      throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
+    mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
+    const ppx::app::LoadedModel m = ppx::app::load_model(mf);
+    return bench_sweep(m, mf, sweep, frames, warmup, prefill, argc, argv, out);
+  }
   if (!batch_sizes.empty()) {
     if (sessions > 0 || soak_minutes > 0) throw ppx::Error("--lm-batch cannot be combined with --sessions or --soak");
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
     return bench_lm_batch(m, mf, batch_sizes, frames, warmup, prefill, argc, argv, out);
   }
-  if (prefill > 0 && sessions == 0) throw ppx::Error("--prefill needs --sessions or --lm-batch");
+  if (prefill > 0 && sessions == 0) throw ppx::Error("--prefill needs --sessions, --sweep or --lm-batch");
   if (sessions > 0) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
