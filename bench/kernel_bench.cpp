@@ -288,7 +288,7 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
     const int copies8 = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / wn));
     DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(kMaxB) * 2 * sh.K), alpha(sh.K),
         y(static_cast<size_t>(kMaxB) * sh.N), xstage(static_cast<size_t>(kMaxB) * sh.K);
-    DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N);
+    DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N), ws(kern::gemm_ws_floats(kMaxB, sh.N));
     DeviceBuffer<int8_t> wi8(wn * copies8);
     DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8);
     kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
@@ -315,7 +315,9 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
         a.alpha = alpha.get();
         a.y = y.get();
         a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
-        a.xstage = xstage.get();
+        a.gemm.xstage = xstage.get();
+        a.gemm.ws = ws.get();
+        a.gemm.ws_floats = ws.size();
         return a;
       };
       const int launches = 50;

@@ -190,72 +190,212 @@ __device__ __forceinline__ int row_position(const RingArgs& r, int b) {
   return r.row_pos ? r.row_pos[b] : r.pos[r.slot[b]];
 }
 
+// Raw loads of one key's DL values (bf16: DL / 2 words; fp8: DL / 4 words), issued for all of a
+// round's keys before any is converted, so a warp waits for memory once per round.
+template <int DL, typename KT>
+struct KeyWords {
+  static constexpr int kWords = std::is_same_v<KT, __nv_bfloat16> ? DL / 2 : DL / 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const KT* p) {
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(p);
+    if constexpr (kWords % 4 == 0) {
+#pragma unroll
+      for (int c = 0; c < kWords / 4; ++c) {
+        const uint4 u = reinterpret_cast<const uint4*>(src)[c];
+        w[4 * c] = u.x;
+        w[4 * c + 1] = u.y;
+        w[4 * c + 2] = u.z;
+        w[4 * c + 3] = u.w;
+      }
+    } else if constexpr (kWords % 2 == 0) {
+#pragma unroll
+      for (int c = 0; c < kWords / 2; ++c) {
+        const uint2 u = reinterpret_cast<const uint2*>(src)[c];
+        w[2 * c] = u.x;
+        w[2 * c + 1] = u.y;
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kWords; ++c) w[c] = src[c];
+    }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int c = 0; c < kWords; ++c) w[c] = 0u;
+  }
+  __device__ __forceinline__ void to_float(float scale, float* f) const {
+    if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
+#pragma unroll
+      for (int c = 0; c < kWords; ++c) {
+        const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[c]));
+        f[2 * c] = t.x;
+        f[2 * c + 1] = t.y;
+      }
+    } else {
+      // e4m3 -> f32 by moving the bits into place, no conversion instructions (the bound of this
+      // kernel with them): the f32 holds the value times 2^-120 exactly (e4m3's exponent bias 7
+      // against f32's 127; e4m3 subnormals land on f32 subnormals). The caller undoes the 2^-120.
+#pragma unroll
+      for (int c = 0; c < kWords; ++c) {
+        const uint32_t u = w[c];
+        f[4 * c] = __uint_as_float(((u << 20) & 0x07f00000u) | ((u << 24) & 0x80000000u));
+        f[4 * c + 1] = __uint_as_float(((u << 12) & 0x07f00000u) | ((u << 16) & 0x80000000u));
+        f[4 * c + 2] = __uint_as_float(((u << 4) & 0x07f00000u) | ((u << 8) & 0x80000000u));
+        f[4 * c + 3] = __uint_as_float(((u >> 4) & 0x07f00000u) | (u & 0x80000000u));
+      }
+      (void)scale;
+    }
+  }
+};
+// The fp8 path's 2^120 (see KeyWords::to_float), split so no intermediate leaves f32's range: q
+// takes 2^64 and the key scale 2^56; p takes 2^64 with the value scale and the sum 2^56 at the end.
+constexpr float k2p64 = 18446744073709551616.f;
+constexpr float k2p56 = 72057594037927936.f;
+
 // grid (H, G, B), kAttnWarps warps. Block y takes the live chunks y, y + G, ... of kSplit ring
-// entries (none past the live ones, so a short context costs little however large the grid); in
-// each, every warp runs its online softmax over kSplit / kAttnWarps keys, carried across the
-// block's chunks. The block merges its warps and writes (m, l, acc[hd]) for part y (m = -inf when
-// it had no visible key). With G = splits (batches up to kMaxGemvBatch rows) a block has at most
-// one chunk, the order of one row alone.
-template <int DPL, typename KT>
-__global__ void attention_split_kernel(const __nv_bfloat16* q, RingArgs r, int parts, float* work) {
+// entries (none past the live ones, so a short context costs little however large the grid).
+// Inside a warp 8 lanes share a key (each holds DL = hd / 8 of its dimensions) and the warp's 4
+// groups of 8 lanes take 4 keys at once: a key's dot product needs 3 shuffles, and a warp's 16 keys
+// of a chunk are loaded in 4 rounds issued together. Each group keeps its own online softmax across
+// the block's chunks; the groups, then the warps, are merged at the end, and the block writes
+// (m, l, acc[hd]) for part y (m = -inf when it saw no visible key). With G = splits (batches up to
+// kMaxGemvBatch rows) a block has at most one chunk, the order of one row alone.
+template <int DL, typename KT>
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const __nv_bfloat16* q, RingArgs r,
+                                                                           int parts, float* work) {
   pdl_trigger();
   pdl_wait();
+  constexpr int kRounds = kSplit / kAttnWarps / 4;  // keys per group and chunk
+  constexpr bool kFp8 = !std::is_same_v<KT, __nv_bfloat16>;
   const int h = blockIdx.x, part = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = lane >> 3, dg = lane & 7;  // key group, dimension group
   const int D = r.H * r.hd;
   const int slot = r.slot[b];
   const int qpos = row_position(r, b), E = qpos + 1;
   const float scale = rsqrtf(static_cast<float>(r.hd));
-  float qf[DPL], acc[DPL];
+  float qf[DL], acc[DL];
+  {
+    KeyWords<DL, __nv_bfloat16> qw;
+    qw.load(q + static_cast<int64_t>(b) * D + h * r.hd + dg * DL);
+    qw.to_float(1.f, qf);
+  }
+  const float qscale = kFp8 ? scale * k2p64 : scale;
 #pragma unroll
-  for (int j = 0; j < DPL; ++j) {
-    qf[j] = __bfloat162float(q[static_cast<int64_t>(b) * D + h * r.hd + lane * DPL + j]);
+  for (int j = 0; j < DL; ++j) {
+    qf[j] *= qscale;
     acc[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  constexpr int kPerWarp = kSplit / kAttnWarps;
-  const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + lane * DPL;
-  auto vis = [&](int idx) { return ring_visible(idx, E, r.C, qpos, r.context); };
+  const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + dg * DL;
+  const KT* kb = (kFp8 ? reinterpret_cast<const KT*>(r.k8) : reinterpret_cast<const KT*>(r.k)) + cache0;
+  const KT* vb = (kFp8 ? reinterpret_cast<const KT*>(r.v8) : reinterpret_cast<const KT*>(r.v)) + cache0;
+  const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
   const int chunks = live_chunks(qpos, r.C);
   for (int sp = part; sp < chunks; sp += parts) {
-    const int k0 = sp * kSplit + warp * kPerWarp, k1 = min(k0 + kPerWarp, r.C);
-    if constexpr (std::is_same_v<KT, __nv_bfloat16>) {
-      attend<DPL>(qf, r.k + cache0, r.v + cache0, D, static_cast<const float*>(nullptr),
-                  static_cast<const float*>(nullptr), 0, k0, k1, scale, vis, m, l, acc);
-    } else {
-      const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
-      attend<DPL>(qf, r.k8 + cache0, r.v8 + cache0, D, r.k_scale + s0, r.v_scale + s0, r.H, k0, k1, scale, vis,
-                  m, l, acc);
+    const int k0 = sp * kSplit + warp * (kSplit / kAttnWarps) + grp;
+    KeyWords<DL, KT> kw[kRounds], vw[kRounds];
+    bool ok[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int idx = k0 + 4 * u;
+      ok[u] = idx < r.C && ring_visible(idx, E, r.C, qpos, r.context);
+      if (ok[u]) {
+        kw[u].load(kb + static_cast<int64_t>(idx) * D);
+        vw[u].load(vb + static_cast<int64_t>(idx) * D);
+      } else {
+        kw[u].zero();
+        vw[u].zero();
+      }
     }
+    float sc[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      float kf[DL];
+      kw[u].to_float(1.f, kf);
+      float d = 0.f;
+#pragma unroll
+      for (int j = 0; j < DL; ++j) d = fmaf(qf[j], kf[j], d);
+      sc[u] = d;
+    }
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], 1);
+      sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], 2);
+      sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], 4);
+    }
+    // Branch-free below (the groups of a warp differ in what they see; the shuffles of the next
+    // chunk need the whole warp together): a group with nothing visible yet keeps m = -inf.
+    float mn = m;
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      if constexpr (kFp8) sc[u] *= ok[u] ? r.k_scale[s0 + static_cast<int64_t>(k0 + 4 * u) * r.H] * k2p56 : 0.f;
+      mn = ok[u] ? fmaxf(mn, sc[u]) : mn;
+    }
+    const bool any = mn != -INFINITY;
+    const float corr = any ? expf(m - mn) : 1.f;
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < DL; ++j) acc[j] *= corr;
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      float p = ok[u] ? expf(sc[u] - mn) : 0.f;
+      l += p;
+      if constexpr (kFp8) p *= ok[u] ? r.v_scale[s0 + static_cast<int64_t>(k0 + 4 * u) * r.H] * k2p64 : 0.f;
+      float vf[DL];
+      vw[u].to_float(1.f, vf);
+#pragma unroll
+      for (int j = 0; j < DL; ++j) acc[j] = fmaf(p, vf[j], acc[j]);
+    }
+    m = mn;
   }
   if (part >= chunks) return;  // uniform over the block: nothing to write, the combine skips it
-  __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][32 * DPL];
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int j = 0; j < DL; ++j) acc[j] *= k2p56;
+  }
+  // Merge the warp's 4 key groups (lanes dg, dg + 8, dg + 16, dg + 24 hold the same dimensions).
+#pragma unroll
+  for (int off = 8; off <= 16; off <<= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, off), lo = __shfl_xor_sync(0xffffffffu, l, off);
+    const float M = fmaxf(m, mo);
+    const float f = m == -INFINITY ? 0.f : expf(m - M), fo = mo == -INFINITY ? 0.f : expf(mo - M);
+    l = l * f + lo * fo;
+#pragma unroll
+    for (int j = 0; j < DL; ++j) acc[j] = acc[j] * f + __shfl_xor_sync(0xffffffffu, acc[j], off) * fo;
+    m = M;
+  }
+  __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][8 * DL];
   if (lane == 0) {
     sm[warp] = m;
     sl[warp] = l;
   }
+  if (grp == 0) {
 #pragma unroll
-  for (int j = 0; j < DPL; ++j) sacc[warp][lane * DPL + j] = acc[j];
+    for (int j = 0; j < DL; ++j) sacc[warp][dg * DL + j] = acc[j];
+  }
   __syncthreads();
   if (warp != 0) return;
   float M = -INFINITY;
+#pragma unroll
   for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
-  float L = 0.f, out[DPL];
+  float L = 0.f, f[kAttnWarps];
 #pragma unroll
-  for (int j = 0; j < DPL; ++j) out[j] = 0.f;
   for (int w = 0; w < kAttnWarps; ++w) {
-    const float f = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
-    L += sl[w] * f;
-#pragma unroll
-    for (int j = 0; j < DPL; ++j) out[j] += sacc[w][lane * DPL + j] * f;
+    f[w] = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
+    L += sl[w] * f[w];
   }
   float* wp = work + ((static_cast<int64_t>(b) * r.H + h) * parts + part) * (2 + r.hd);
   if (lane == 0) {
     wp[0] = M;
     wp[1] = L;
   }
+  for (int d = lane; d < 8 * DL; d += 32) {
+    float o = 0.f;
 #pragma unroll
-  for (int j = 0; j < DPL; ++j) wp[2 + lane * DPL + j] = out[j];
+    for (int w = 0; w < kAttnWarps; ++w) o += sacc[w][d] * f[w];
+    wp[2 + d] = o;
+  }
 }
 
 // grid (H, B), hd threads, `parts` floats of dynamic shared memory: merges the parts the split
@@ -369,15 +509,23 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
   const int parts = attention_parts(B, r.H, r.C);
-  by_dpl<Dpl>(r.hd, [&](auto dpl) {
+  auto launch = [&](auto dl) {
+    constexpr int DL = decltype(dl)::value;
     if (r.k8) {
-      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_fp8_e4m3>, dim3(r.H, parts, B),
-                 dim3(kAttnWarps * 32), 0, s, q, r, parts, work);
+      pdl_launch(attention_split_kernel<DL, __nv_fp8_e4m3>, dim3(r.H, parts, B), dim3(kAttnWarps * 32), 0, s, q, r,
+                 parts, work);
     } else {
-      pdl_launch(attention_split_kernel<decltype(dpl)::value, __nv_bfloat16>, dim3(r.H, parts, B),
-                 dim3(kAttnWarps * 32), 0, s, q, r, parts, work);
+      pdl_launch(attention_split_kernel<DL, __nv_bfloat16>, dim3(r.H, parts, B), dim3(kAttnWarps * 32), 0, s, q, r,
+                 parts, work);
     }
-  });
+  };
+  switch (r.hd) {  // DL = hd / 8 values per lane
+    case 32: launch(Dpl<4>{}); break;
+    case 64: launch(Dpl<8>{}); break;
+    case 96: launch(Dpl<12>{}); break;
+    case 128: launch(Dpl<16>{}); break;
+    default: throw std::runtime_error("attention: head dim must be 32, 64, 96 or 128");
+  }
   pdl_launch(attention_combine_kernel, dim3(r.H, B), dim3(r.hd), parts * sizeof(float), s,
              static_cast<const float*>(work), r, parts, out);
 }

@@ -1,20 +1,36 @@
-// The batched path of kern::gemv() (lm_gemv.cuh) for B > kMaxGemvBatch rows: tensor-core MMA
-// (mma.sync m16n8k16, bf16 in, fp32 accumulate) that reads each weight once for the whole batch,
-// bf16 or int8 weights (int8 is widened to bf16 in registers, exactly; the row scale multiplies the
-// fp32 sum, as in the GEMV). The prologue (RMSNorm, SiluGate, the depformer's embedding + RMSNorm)
-// runs first as its own kernel into GemvArgs::xstage, with the GEMV's own staging code, so the
-// activations the MMA reads are those the GEMV would have staged; the epilogues are the GEMV's.
+// The batched path of kern::gemv() (lm_gemv.cuh) for B > kMaxGemvBatch rows: a split-K tensor-core
+// GEMM (mma.sync m16n8k16, fp32 accumulate) that reads each weight once for the whole batch, with
+// bf16 or int8 weights. The prologue (RMSNorm, SiluGate, the depformer's embedding + RMSNorm) runs
+// first as its own kernel into GemmScratch::xstage, with the GEMV's own staging code, so the
+// activations are those the GEMV would have staged; the epilogues are the GEMV's, in a last kernel
+// that sums the split-K partials.
 //
-// Layout: a block of 4 warps owns 32 weight rows (kGateUp: 16 gate rows and their 16 up rows),
-// every warp one quarter of K (split-K, summed through shared memory). Per 32 values of k a lane
-// loads 8 consecutive weights of rows g and g + 8 of each 16-row tile (g = lane / 4) and the same 8
-// activations of batch row g of each 8-row batch tile, and feeds them to two MMAs: the MMA's k
-// order inside the 32 is permuted identically for weights and activations, which leaves the sum
-// unchanged and makes every load one contiguous 8- or 16-byte access. The summation order differs
-// from the GEMV's, so results agree with it to fp32 rounding, not bit for bit.
+// Work split: the grid is (P, S). Block (p, s) owns the K slice s (Ks columns) and the 128-row
+// weight tiles p, p + P, ...: it copies its slice of the activations of all B rows (up to 64) into
+// shared memory once, then streams the weight tiles through a 4-stage cp.async pipeline in k-tiles
+// of 128 bytes per row, so every weight byte is read from memory once and the activations come
+// from shared memory. P and S are chosen to give about one block per SM (each holds ~200 KB of
+// shared memory). Each of the 8 warps owns 16 weight rows of a tile and all B batch columns.
+//
+// int8 weights: the tensor cores take fp16. An int8 value becomes fp16 exactly with two integer
+// instructions and one subtraction (the fp16 of 1024 + 128 + x has x + 128 in its mantissa), and
+// the activations are staged as fp16 divided by a power of two per batch row and slice (chosen so
+// the row's largest magnitude is at most 2^14; exact for every value above 2^-28 of that maximum),
+// which the block multiplies back into its partial sums. The products are then exactly those of
+// bf16 x int8. bf16 weights multiply bf16 activations as they are.
+//
+// Inside a 32-wide k step a lane loads 8 consecutive weights of rows g and g + 8 of its warp's tile
+// and the same 8 activations of batch row g of each 8-row batch tile (g = lane / 4), and feeds
+// them to two MMAs: the MMA's k order inside the 32 is permuted identically for weights and
+// activations, which leaves the sum unchanged and makes every shared-memory load one contiguous
+// 8- or 16-byte access. The summation order differs from the GEMV's, so results agree with it to
+// fp32 rounding, not bit for bit.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 #include "lm_gemv.cuh"
 #include "lm_gemv_impl.cuh"
@@ -23,39 +39,239 @@ namespace ppx::kern::gemm_impl {
 
 namespace {
 
-constexpr int kWarpsK = 4;
-constexpr int kMaxNt = 8;  // batch tiles of 8: B <= 64 per launch
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16 * kWarps;  // weight rows per tile
+constexpr int kRowBytes = 128;          // bytes of a weight row per k-tile
+constexpr int kRowPitch = kRowBytes + 16;
+constexpr int kStages = 4;
+constexpr int kStageBytes = kTileRows * kRowPitch;
+constexpr int kMaxNt = 8;       // batch tiles of 8: B <= 64 per launch
+constexpr int kMaxSlice = 1024;  // K columns of a block's activation slice
+constexpr int kSmemLimit = 227 * 1024;
 
-__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
+template <typename WT>
+struct Fmt;
+template <>
+struct Fmt<__nv_bfloat16> {
+  using X = __nv_bfloat16;  // activation type in shared memory
+  static constexpr int kKt = kRowBytes / 2;  // k per tile
+};
+template <>
+struct Fmt<int8_t> {
+  using X = __half;
+  static constexpr int kKt = kRowBytes;
+};
+
+constexpr size_t smem_bytes(int nt, int ks) {
+  return static_cast<size_t>(kStages) * kStageBytes + static_cast<size_t>(nt) * 8 * (ks + 8) * 2 +
+         static_cast<size_t>(nt) * 8 * sizeof(float);
+}
+static_assert(smem_bytes(kMaxNt, kMaxSlice) <= kSmemLimit, "the largest block must fit in an SM's shared memory");
+
+__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, __nv_bfloat16) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, __half) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// 8 consecutive weights of one row as 4 packed bf16 pairs (int8: exact widening).
-template <typename WT>
-__device__ __forceinline__ void load_w8(const WT* row, int k, uint32_t* w) {
-  if constexpr (std::is_same_v<WT, int8_t>) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k));
-    float f[8];
-    gemv_impl::int8x4_to_float(v.x, f);
-    gemv_impl::int8x4_to_float(v.y, f + 4);
+// 8 consecutive weights of one row from shared memory as 4 packed pairs of the MMA's type.
+__device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, __nv_bfloat16) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+}
+// int8 -> fp16: the byte x + 128 under the exponent of 1024 is the fp16 1024 + x + 128; minus 1152.
+__device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8_t) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  const uint32_t u[2] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = pack_bf16(f[2 * i], f[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t lo = __byte_perm(u[i], 0x64646464u, 0x5140), hi = __byte_perm(u[i], 0x64646464u, 0x7362);
+    const __half2 l = __hsub2(*reinterpret_cast<const __half2*>(&lo), bias);
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&hi), bias);
+    w[2 * i] = *reinterpret_cast<const uint32_t*>(&l);
+    w[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <typename WT, int NT>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N, int K, int B, const __nv_bfloat16* x,
+                                                        int64_t x_stride, int ks_len, float* ws) {
+  using XT = typename Fmt<WT>::X;
+  constexpr int KT = Fmt<WT>::kKt;
+  constexpr bool kI8 = std::is_same_v<WT, int8_t>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* wtiles = smem;
+  XT* xs = reinterpret_cast<XT*>(smem + kStages * kStageBytes);
+  const int xpitch = ks_len + 8;  // elements; the +8 staggers rows across banks
+  float* xscale = reinterpret_cast<float*>(xs + NT * 8 * xpitch);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int s = blockIdx.y, k0 = s * ks_len, klen = min(ks_len, K - k0);
+  const WT* w = static_cast<const WT*>(wbase);
+  const int tiles = (N + kTileRows - 1) / kTileRows;
+  const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int ktiles = (klen + KT - 1) / KT;
+  const int total = my_tiles * ktiles;
+
+  // Weight k-tile `it` (of this block's sequence) into stage it % kStages: 128 rows x 128 bytes,
+  // 4 chunks of 16 bytes per thread; rows past N are clamped (computed, not stored), columns past
+  // the slice are zero-filled.
+  auto issue = [&](int it) {
+    if (it < total) {
+      const int tile = blockIdx.x + (it / ktiles) * gridDim.x, kt = it % ktiles;
+      unsigned char* st = wtiles + (it % kStages) * kStageBytes;
+#pragma unroll
+      for (int c = 0; c < kTileRows * kRowBytes / 16 / kThreads; ++c) {
+        const int chunk = tid + c * kThreads, row = chunk / (kRowBytes / 16), col = chunk % (kRowBytes / 16);
+        const int n = min(tile * kTileRows + row, N - 1);
+        const int k = kt * KT + col * (16 / static_cast<int>(sizeof(WT)));
+        const bool full = k < klen;
+        const WT* src = w + static_cast<int64_t>(n) * K + k0 + (full ? k : 0);
+        cp_async16(st + row * kRowPitch + col * 16, src, full);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+  // The activation slice of every batch row, once, by cp.async ahead of the weight stages (rows past
+  // B and columns past the slice zero-filled); then, for int8 weights, each row's largest
+  // magnitude and the row in fp16 over a power of two, in place in shared memory.
+  {
+    const int cpr = ks_len / 8;  // 16-byte chunks per row
+    for (int c = tid; c < NT * 8 * cpr; c += kThreads) {
+      const int r = c / cpr, k = (c % cpr) * 8;
+      const bool full = r < B && k < klen;
+      const __nv_bfloat16* src = x + static_cast<int64_t>(full ? r : 0) * x_stride + k0 + (full ? k : 0);
+      cp_async16(xs + r * xpitch + k, src, full);
+    }
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  cp_async_wait<kStages - 1>();  // the activation group (the weight stages may still be in flight)
+  __syncthreads();
+  if constexpr (kI8) {
+    for (int r = warp; r < NT * 8; r += kWarps) {
+      XT* row = xs + r * xpitch;
+      float mx = 0.f;
+      for (int k = lane * 8; k < ks_len; k += 256) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row + k);
+        const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      mx = warp_max(mx);
+      // 2^e with mx / 2^e <= 2^14: frexp gives mx = f 2^ex with f in [0.5, 1).
+      int ex = 0;
+      frexpf(mx, &ex);
+      const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
+      const float inv = 1.f / sc;  // exact: a power of two
+      if (lane == 0) xscale[r] = sc;
+      for (int k = lane * 8; k < ks_len; k += 256) {
+        uint4 u = *reinterpret_cast<const uint4*>(row + k);
+        uint32_t* w4 = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+          const __half2 h = __floats2half2_rn(f.x * inv, f.y * inv);
+          w4[i] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        *reinterpret_cast<uint4*>(row + k) = u;
+      }
+    }
+  }
+  // (the first __syncthreads of the loop publishes the converted slice)
+
+  float acc[NT][4];
+  for (int it = 0; it < total; ++it) {
+    const int kt = it % ktiles;
+    if (kt == 0) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    }
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage it is in for every thread; stage it - 1 is free for the next issue
+    issue(it + kStages - 1);
+    const unsigned char* st = wtiles + (it % kStages) * kStageBytes + (warp * 16 + g) * kRowPitch;
+#pragma unroll
+    for (int kk = 0; kk < KT; kk += 32) {
+      uint32_t a0[4], a1[4];  // rows g and g + 8
+      load_a(st + (kk + 8 * t) * sizeof(WT), a0, WT{});
+      load_a(st + 8 * kRowPitch + (kk + 8 * t) * sizeof(WT), a1, WT{});
+      const uint32_t fa[4] = {a0[0], a1[0], a0[1], a1[1]}, fb[4] = {a0[2], a1[2], a0[3], a1[3]};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + (j * 8 + g) * xpitch + kt * KT + kk + 8 * t);
+        mma(acc[j], fa, xv.x, xv.y, XT{});
+        mma(acc[j], fb, xv.z, xv.w, XT{});
+      }
+    }
+    if (kt == ktiles - 1) {
+      // This tile's partial sums over the slice: ws[s][b][n].
+      const int tile = blockIdx.x + (it / ktiles) * gridDim.x;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int b = j * 8 + 2 * t + (e & 1);
+          const int n = tile * kTileRows + warp * 16 + g + (e >= 2 ? 8 : 0);
+          if (b >= B || n >= N) continue;
+          float v = acc[j][e];
+          if constexpr (kI8) v *= xscale[b];
+          ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Sums the S partials of each output and applies the row scale and the GEMV's epilogue.
+template <GemvOut OUT>
+__global__ void epilogue_kernel(GemvArgs a, const float* ws, int S) {
+  const int b = blockIdx.y;
+  const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= rows) return;
+  auto sum = [&](int col) {
+    float v = 0.f;
+    for (int s = 0; s < S; ++s) v += ws[(static_cast<int64_t>(s) * a.B + b) * a.N + col];
+    return a.w_scale ? v * __ldg(a.w_scale + col) : v;
+  };
+  if constexpr (OUT == GemvOut::kGateUp) {
+    const float gg = __bfloat162float(__float2bfloat16(sum(n)));
+    const float uu = __bfloat162float(__float2bfloat16(sum(n + rows)));
+    a.y[b * a.y_stride + n] = __float2bfloat16(gg / (1.f + expf(-gg)) * uu);
   } else {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k));
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
+    gemv_impl::epilogue<OUT>(a, b, n, sum(n));
   }
 }
 
@@ -71,154 +287,89 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
   if (a.x_out) r.x_out = a.x_out + static_cast<int64_t>(b) * a.K;  // stage_x stores it in block x 0
   gemv_impl::stage_x<IN, 1>(r, xs, red);
   for (int k = threadIdx.x * 8; k < a.K; k += gemv_impl::kThreads * 8)
-    *reinterpret_cast<uint4*>(a.xstage + static_cast<int64_t>(b) * a.K + k) = *reinterpret_cast<const uint4*>(xs + k);
+    *reinterpret_cast<uint4*>(a.gemm.xstage + static_cast<int64_t>(b) * a.K + k) =
+        *reinterpret_cast<const uint4*>(xs + k);
 }
 
-template <typename WT, GemvOut OUT, int NT>
-__global__ void __launch_bounds__(32 * kWarpsK) gemm_kernel(GemvArgs a, const __nv_bfloat16* x, int64_t x_stride) {
-  constexpr bool kPairs = OUT == GemvOut::kGateUp;
-  constexpr bool kScaled = std::is_same_v<WT, int8_t>;
-  __shared__ float part[kWarpsK - 1][2][NT][4][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int K = a.K, B = a.B;
-  const int rows = kPairs ? a.N / 2 : a.N;
-  const int r0 = blockIdx.x * (kPairs ? 16 : 32);
-  const WT* w = static_cast<const WT*>(gemv_impl::Weights<WT>::base(a));
-  // The weight row of (tile, half) for this lane, clamped into the matrix (clamped rows are
-  // computed and not stored).
-  auto wrow = [&](int tile, int half) -> const WT* {
-    int n;
-    if constexpr (kPairs) {
-      n = min(r0 + g + 8 * half, rows - 1) + tile * rows;
-    } else {
-      n = min(r0 + tile * 16 + g + 8 * half, a.N - 1);
-    }
-    return w + static_cast<int64_t>(n) * K;
-  };
-  const WT* wr[2][2] = {{wrow(0, 0), wrow(0, 1)}, {wrow(1, 0), wrow(1, 1)}};
-  const __nv_bfloat16* xr[NT];
-  bool xok[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int c = j * 8 + g;
-    xok[j] = c < B;
-    xr[j] = x + static_cast<int64_t>(xok[j] ? c : 0) * x_stride;
-  }
-  float acc[2][NT][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-  const int ksteps = K / 32, per = (ksteps + kWarpsK - 1) / kWarpsK;
-  const int ks0 = warp * per, ks1 = min(ksteps, ks0 + per);
-#pragma unroll 2
-  for (int ks = ks0; ks < ks1; ++ks) {
-    const int k = ks * 32 + t * 8;
-    uint32_t wv[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) load_w8<WT>(wr[i][h], k, wv[i][h]);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const uint4 xv = xok[j] ? __ldg(reinterpret_cast<const uint4*>(xr[j] + k)) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mma_bf16(acc[i][j], wv[i][0][0], wv[i][1][0], wv[i][0][1], wv[i][1][1], xv.x, xv.y);
-        mma_bf16(acc[i][j], wv[i][0][2], wv[i][1][2], wv[i][0][3], wv[i][1][3], xv.z, xv.w);
-      }
-    }
-  }
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[warp - 1][i][j][e][lane] = acc[i][j][e];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int p = 0; p < kWarpsK - 1; ++p)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] += part[p][i][j][e][lane];
-  // D fragment: element e of tile (i, j) is weight row g (+8 for e >= 2), batch row j * 8 + 2t + (e & 1).
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int b = j * 8 + 2 * t + (e & 1);
-      if (b >= B) continue;
-      const int rr = g + (e >= 2 ? 8 : 0);
-      if constexpr (kPairs) {
-        const int n = r0 + rr;
-        if (n >= rows) continue;
-        float gs = acc[0][j][e], us = acc[1][j][e];
-        if constexpr (kScaled) {
-          gs *= __ldg(a.w_scale + n);
-          us *= __ldg(a.w_scale + n + rows);
-        }
-        const float gg = __bfloat162float(__float2bfloat16(gs));
-        const float uu = __bfloat162float(__float2bfloat16(us));
-        a.y[b * a.y_stride + n] = __float2bfloat16(gg / (1.f + expf(-gg)) * uu);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int n = r0 + i * 16 + rr;
-          if (n >= a.N) continue;
-          float v = acc[i][j][e];
-          if constexpr (kScaled) v *= __ldg(a.w_scale + n);
-          gemv_impl::epilogue<OUT>(a, b, n, v);
-        }
-      }
-    }
-  }
+template <typename WT, int NT>
+void set_smem_attr() {
+  const size_t need = smem_bytes(NT, kMaxSlice);
+  if (cudaFuncSetAttribute(gemm_kernel<WT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)) !=
+      cudaSuccess)
+    throw std::runtime_error("lm_gemm: cannot set the shared-memory size of the GEMM kernel");
+}
+template <typename WT, int... NT>
+void set_all(std::integer_sequence<int, NT...>) {
+  (set_smem_attr<WT, NT + 1>(), ...);
 }
 
-template <typename WT, GemvOut OUT, int NT>
-void launch_nt(const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, cudaStream_t s) {
-  const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
-  const int blocks = OUT == GemvOut::kGateUp ? (rows + 15) / 16 : (rows + 31) / 32;
-  gemm_kernel<WT, OUT, NT><<<blocks, 32 * kWarpsK, 0, s>>>(a, x, xs);
-}
-
-template <typename WT, GemvOut OUT>
-void launch(const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, cudaStream_t s) {
-  switch ((a.B + 7) / 8) {
-    case 1: return launch_nt<WT, OUT, 1>(a, x, xs, s);
-    case 2: return launch_nt<WT, OUT, 2>(a, x, xs, s);
-    case 3: return launch_nt<WT, OUT, 3>(a, x, xs, s);
-    case 4: return launch_nt<WT, OUT, 4>(a, x, xs, s);
-    case 5: return launch_nt<WT, OUT, 5>(a, x, xs, s);
-    case 6: return launch_nt<WT, OUT, 6>(a, x, xs, s);
-    case 7: return launch_nt<WT, OUT, 7>(a, x, xs, s);
-    default: return launch_nt<WT, OUT, 8>(a, x, xs, s);
-  }
+template <typename WT, int NT>
+void launch_nt(dim3 grid, size_t smem, const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, int ks, float* ws,
+               cudaStream_t s) {
+  const void* w = std::is_same_v<WT, int8_t> ? static_cast<const void*>(a.wi8) : static_cast<const void*>(a.w);
+  gemm_kernel<WT, NT><<<grid, kThreads, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
 }
 
 template <typename WT>
-void launch_out(GemvOut out, const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, cudaStream_t s) {
-  switch (out) {
-    case GemvOut::kStore: return launch<WT, GemvOut::kStore>(a, x, xs, s);
-    case GemvOut::kResidual: return launch<WT, GemvOut::kResidual>(a, x, xs, s);
-    case GemvOut::kLogits: return launch<WT, GemvOut::kLogits>(a, x, xs, s);
-    case GemvOut::kGateUp: return launch<WT, GemvOut::kGateUp>(a, x, xs, s);
+void launch_gemm(int nt, dim3 grid, size_t smem, const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, int ks,
+                 float* ws, cudaStream_t s) {
+  switch (nt) {
+    case 1: return launch_nt<WT, 1>(grid, smem, a, x, xs, ks, ws, s);
+    case 2: return launch_nt<WT, 2>(grid, smem, a, x, xs, ks, ws, s);
+    case 3: return launch_nt<WT, 3>(grid, smem, a, x, xs, ks, ws, s);
+    case 4: return launch_nt<WT, 4>(grid, smem, a, x, xs, ks, ws, s);
+    case 5: return launch_nt<WT, 5>(grid, smem, a, x, xs, ks, ws, s);
+    case 6: return launch_nt<WT, 6>(grid, smem, a, x, xs, ks, ws, s);
+    case 7: return launch_nt<WT, 7>(grid, smem, a, x, xs, ks, ws, s);
+    default: return launch_nt<WT, 8>(grid, smem, a, x, xs, ks, ws, s);
   }
 }
 
+int g_sms = 0;
+
 }  // namespace
+
+void init() {
+  set_all<__nv_bfloat16>(std::make_integer_sequence<int, kMaxNt>{});
+  set_all<int8_t>(std::make_integer_sequence<int, kMaxNt>{});
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    g_sms = 132;
+}
+
+}  // namespace ppx::kern::gemm_impl
+
+namespace ppx::kern {
+// Four K slices of every width up to max_n, or 64K columns of slices (16 of 4096): what the
+// full-size model's shapes take (the widest, the text head, 4 slices; 4096-wide ones up to 16).
+// gemm_batched() takes fewer slices where this is short, down to the K / 1024 it must have.
+size_t gemm_ws_floats(int B, int max_n) {
+  return static_cast<size_t>(std::min(B, 64)) * std::max<size_t>(4 * static_cast<size_t>(max_n), 65536);
+}
+}  // namespace ppx::kern
+
+namespace ppx::kern::gemm_impl {
 
 bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.w8 != nullptr || a.K % 32 != 0) return false;  // fp8 weights, odd K: the chunked GEMV
-  if (in != GemvIn::kPlain && a.xstage == nullptr) return false;
+  if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
+  if (a.gemm.ws == nullptr) return false;
+  const int KT = a.wi8 ? Fmt<int8_t>::kKt : Fmt<__nv_bfloat16>::kKt;
+  const int sms = g_sms > 0 ? g_sms : 132;
+  const int tiles = (a.N + kTileRows - 1) / kTileRows;
+  // K slices: at least K / kMaxSlice of them (the slice must fit in shared memory), more while the
+  // tiles alone leave SMs idle; then as many tile groups as fill the SMs with one block each.
+  const int kmax = (a.K + KT - 1) / KT;  // k-tiles in all
+  const int bmax = std::min(a.B, 8 * kMaxNt);
+  const int s_need = (a.K + kMaxSlice - 1) / kMaxSlice;
+  const int s_ws = static_cast<int>(std::min<size_t>(a.gemm.ws_floats / (static_cast<size_t>(bmax) * a.N), kmax));
+  int S = std::min(std::max(s_need, (sms + tiles - 1) / tiles), s_ws);
+  if (S < s_need) return false;  // the partial sums do not fit the scratch
+  const int ks = (kmax + S - 1) / S * KT;  // slice length, a whole number of k-tiles
+  S = (a.K + ks - 1) / ks;
+  if (ks > kMaxSlice) return false;
+  const int P = std::max(1, std::min(tiles, sms / S));
   const __nv_bfloat16* x = a.x;
   int64_t xs = a.x_stride;
   if (in != GemvIn::kPlain) {
@@ -230,19 +381,30 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       case GemvIn::kEmbRmsNorm: stage_rows_kernel<GemvIn::kEmbRmsNorm><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
       case GemvIn::kPlain: break;
     }
-    x = a.xstage;
+    x = a.gemm.xstage;
     xs = a.K;
   }
   for (int b0 = 0; b0 < a.B; b0 += 8 * kMaxNt) {
     GemvArgs c = a;
-    c.B = a.B - b0 < 8 * kMaxNt ? a.B - b0 : 8 * kMaxNt;
+    c.B = std::min(a.B - b0, 8 * kMaxNt);
     if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
     if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
+    const int nt = (c.B + 7) / 8;
+    const size_t smem = smem_bytes(nt, ks);
+    const dim3 grid(P, S);
     const __nv_bfloat16* xc = x + static_cast<int64_t>(b0) * xs;
     if (a.wi8)
-      launch_out<int8_t>(out, c, xc, xs, s);
+      launch_gemm<int8_t>(nt, grid, smem, c, xc, xs, ks, a.gemm.ws, s);
     else
-      launch_out<__nv_bfloat16>(out, c, xc, xs, s);
+      launch_gemm<__nv_bfloat16>(nt, grid, smem, c, xc, xs, ks, a.gemm.ws, s);
+    const int rows = out == GemvOut::kGateUp ? a.N / 2 : a.N;
+    const dim3 eg((rows + 127) / 128, c.B);
+    switch (out) {
+      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+    }
   }
   return true;
 }

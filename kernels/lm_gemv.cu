@@ -24,7 +24,12 @@ int grid_blocks(int units, int resident_blocks) {
 }
 }  // namespace gemv_impl
 
+namespace gemm_impl {
+void init();  // lm_gemm.cu
+}  // namespace gemm_impl
+
 void gemv_init() {
+  gemm_impl::init();
   gemv_impl::init<__nv_bfloat16>();
   gemv_impl::init_fp8();
   gemv_impl::init_int8();

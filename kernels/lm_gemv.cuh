@@ -32,6 +32,15 @@ enum class GemvOut { kStore, kResidual, kLogits, kGateUp };
 // Batch rows one kernel launch computes; gemv() runs larger batches as chunks of this many.
 constexpr int kMaxGemvBatch = 4;
 
+// Scratch of the batched GEMM: the activations after the prologue, [B, max K] (needed unless the
+// input is kPlain), and its split-K partial sums, at least gemm_ws_floats(B, max N) floats.
+struct GemmScratch {
+  __nv_bfloat16* xstage = nullptr;
+  float* ws = nullptr;
+  size_t ws_floats = 0;
+};
+size_t gemm_ws_floats(int B, int max_n);
+
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major (bf16 weights; unused when w8 is set)
   const __nv_fp8_e4m3* w8 = nullptr;  // [N, K] row-major fp8 weights; when set, K % 16 == 0
@@ -49,13 +58,13 @@ struct GemvArgs {
   const int32_t* token = nullptr;        // kEmbRmsNorm: [B] device token ids
   __nv_bfloat16* x_out = nullptr;        // kEmbRmsNorm: [B, K] z before the norm
   int table_rows = 0;
-  // B > kMaxGemvBatch: scratch [B, K] for the activations after the prologue. With it (and bf16 or
-  // int8 weights, K % 32 == 0) the batch runs as one tensor-core GEMM that reads each weight once
-  // (lm_gemm.cu); without it, as chunks of kMaxGemvBatch GEMV rows.
-  __nv_bfloat16* xstage = nullptr;
+  // B > kMaxGemvBatch: the scratch of the tensor-core GEMM (lm_gemm.cu). With it (and bf16 or int8
+  // weights, K % 32 == 0) the batch runs as one GEMM that reads each weight once; without it, as
+  // chunks of kMaxGemvBatch GEMV rows.
+  GemmScratch gemm;
 };
 
-// B > kMaxGemvBatch: the tensor-core GEMM of lm_gemm.cu when a.xstage is set (see there), else one
+// B > kMaxGemvBatch: the tensor-core GEMM of lm_gemm.cu when a.gemm is set (see there), else one
 // launch per chunk of kMaxGemvBatch rows (x, y / yf, token, x_out offset by their strides), each
 // reading the weights again.
 // Must be called once before the first launch (and before graph capture).

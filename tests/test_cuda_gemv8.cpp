@@ -180,7 +180,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
   const size_t mb = static_cast<size_t>(*std::max_element(batches.begin(), batches.end()));
   cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(mb * 2 * K), alpha(K), y0(mb * N), y(mb * N), xstage(mb * K);
   cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
-  cuda::DeviceBuffer<float> scale(N), yf(mb * N);
+  cuda::DeviceBuffer<float> scale(N), yf(mb * N), ws(kern::gemm_ws_floats(static_cast<int>(mb), N));
   const uint64_t seed = static_cast<uint64_t>(N) * 131 + K;
   kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), seed, 0.02f, 0.f, nullptr);
   // Rows of different magnitudes (scales) and, where there are enough rows, a row of zeros.
@@ -225,7 +225,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
       a.w8 = q.get();
       a.w_scale = scale.get();
     }
-    if (B > kern::kMaxGemvBatch) a.xstage = xstage.get();
+    if (B > kern::kMaxGemvBatch) a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size()};
     a.x = x.get();
     a.x_stride = 2 * K;
     a.N = N;

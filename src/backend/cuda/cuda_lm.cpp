@@ -61,7 +61,7 @@ StepEmbedding step_embedding(const CudaLm& lm, int st) {
 
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const bf16* x, int N, int K, bf16* y,
-                  const bf16* alpha, int B, cudaStream_t s, bf16* xstage) {
+                  const bf16* alpha, int B, cudaStream_t s, const kern::GemmScratch& gemm) {
   kern::GemvArgs a;
   a.x = x;
   a.x_stride = in == kern::GemvIn::kSiluGate ? 2 * K : K;
@@ -71,7 +71,7 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, con
   a.alpha = alpha;
   a.y = y;
   a.y_stride = out == kern::GemvOut::kGateUp ? N / 2 : N;
-  a.xstage = xstage;
+  a.gemm = gemm;
   w.set(a);
   kern::gemv(in, out, a, s);
 }
@@ -107,7 +107,7 @@ void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first
   a.alpha = lm.out_norm;
   a.y = io.pre + first * DD;
   a.y_stride = io.pre_stride;
-  a.xstage = io.xstage;
+  a.gemm = io.gemm;
   lm.depformer_in_all.rows_from(first * DD).set(a);
   kern::gemv(kern::GemvIn::kRmsNorm, kern::GemvOut::kStore, a, s);
 }
@@ -118,7 +118,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.xstage); };
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm); };
   kern::RingArgs dring;
   dring.C = S;
   dring.H = c.depformer_num_heads;
@@ -145,7 +145,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
       a.table_rows = e.rows;
       a.token = io.token;
       a.x_out = io.z;
-      a.xstage = io.xstage;
+      a.gemm = io.gemm;
       L.in_proj.rows_from(static_cast<int64_t>(st) * 3 * DD).set(a);
       kern::gemv(GemvIn::kEmbRmsNorm, GemvOut::kStore, a, s);
     } else {
@@ -551,7 +551,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   using kern::GemvIn;
   using kern::GemvOut;
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.xstage); };
+                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm); };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm.layers[l];
     if (lm.kv_fp8()) {
@@ -581,7 +581,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   a.alpha = lm.out_norm;
   a.yf = io.text_logits;
   a.y_stride = V;
-  a.xstage = io.xstage;
+  a.gemm = io.gemm;
   lm.text_linear.set(a);
   kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
 }

@@ -39,17 +39,12 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "lm_gemv.cuh"
 #include "ppx/config.h"
 #include "ppx/lm_gen.h"
 
 namespace ppx {
 class WeightSource;
-}
-
-namespace ppx::kern {
-struct GemvArgs;
-enum class GemvIn;
-enum class GemvOut;
 }
 
 namespace ppx::cuda {
@@ -165,7 +160,7 @@ struct DepformerIo {
   int64_t pre_stride = 0;            // >= dep_q * depformer_dim
   float* logits = nullptr;           // [B, logits_stride]; step s writes columns [s card, (s + 1) card)
   int64_t logits_stride = 0;
-  __nv_bfloat16* xstage = nullptr;   // [B, max K] GEMM staging for B > 4 (kern::GemvArgs::xstage), or nullptr
+  kern::GemmScratch gemm;            // lets B > 4 run as tensor-core GEMMs (kern::GemvArgs::gemm)
 };
 
 // The temporal transformer's device buffers for B batch rows: the embedding of the request's tokens
@@ -186,20 +181,20 @@ struct TemporalIo {
   float *k_scale = nullptr, *v_scale = nullptr;
   size_t layer_kv = 0, layer_sc = 0;
   // Scratch: x [B, dim] (the residual stream, the output), qkv [B, 3 dim], q, att [B, dim],
-  // gu [B, 2 ffn], work (kern::attention_work_floats), xstage as in DepformerIo.
+  // gu [B, 2 ffn], work (kern::attention_work_floats), gemm as in DepformerIo.
   __nv_bfloat16 *x = nullptr, *qkv = nullptr, *q = nullptr, *att = nullptr, *gu = nullptr;
   float* work = nullptr;
-  __nv_bfloat16* xstage = nullptr;
+  kern::GemmScratch gemm;
   float* text_logits = nullptr;      // [B, text_card] out; nullptr: no text head (prompt prefill)
 };
 void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s);
 
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
 // or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
-// `xstage` ([B, K] scratch, or nullptr): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).
+// `gemm` (kern::GemmScratch, or empty): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const __nv_bfloat16* x, int N, int K,
                   __nv_bfloat16* y, const __nv_bfloat16* alpha, int B, cudaStream_t s,
-                  __nv_bfloat16* xstage = nullptr);
+                  const kern::GemmScratch& gemm = {});
 
 // enqueue_depformer_inputs computes io.pre for steps [first, first + steps): bf16(depformer_in[s]
 // out_norm(x)), one GEMV (it does not depend on the sampled tokens). enqueue_depformer_kernels

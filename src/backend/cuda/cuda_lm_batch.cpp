@@ -87,6 +87,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   dgu_.resize(r * 2 * DH);
   dpre_.resize(r * S_ * DD);
   xstage_.resize(r * std::max({D, H, DD, DH}));
+  ws_.resize(kern::gemm_ws_floats(rows_, std::max({3 * D, 2 * H, c.text_card, S_ * DD, 3 * DD, 2 * DH, c.card})));
   work_.resize(kern::attention_work_floats(rows_, c.num_heads, D / c.num_heads, c.context));
   text_logits_.resize(r * c.text_card);
   audio_logits_.resize(r * S_ * c.card);
@@ -228,6 +229,14 @@ void CudaLmBatch::enqueue_sample(int B, int stream_index, const float* logits, i
   kern::sample_tokens(a, B, s);
 }
 
+kern::GemmScratch CudaLmBatch::gemm_scratch() {
+  kern::GemmScratch g;
+  g.xstage = xstage_.get();
+  g.ws = ws_.get();
+  g.ws_floats = ws_.size();
+  return g;
+}
+
 TemporalIo CudaLmBatch::temporal_io(int B) {
   const LmConfig& c = lm_.config();
   const size_t all = static_cast<size_t>(slots_) + 1;
@@ -254,7 +263,7 @@ TemporalIo CudaLmBatch::temporal_io(int B) {
   t.att = att_.get();
   t.gu = gu_.get();
   t.work = work_.get();
-  t.xstage = xstage_.get();
+  t.gemm = gemm_scratch();
   t.text_logits = text_logits_.get();
   return t;
 }
@@ -283,7 +292,7 @@ void CudaLmBatch::enqueue_step(int B, cudaStream_t s) {
   io.pre_stride = static_cast<int64_t>(S_) * DD;
   io.logits = audio_logits_.get();
   io.logits_stride = static_cast<int64_t>(S_) * c.card;
-  io.xstage = xstage_.get();
+  io.gemm = gemm_scratch();
   if (dep_steps_ > 0) enqueue_depformer_inputs(lm_, io, 0, dep_steps_, s);
   for (int st = 0; st < dep_steps_; ++st) {
     enqueue_depformer_kernels(lm_, io, st, s);

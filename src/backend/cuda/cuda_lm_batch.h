@@ -63,6 +63,7 @@ class CudaLmBatch : public LmBatch {
   const std::vector<int>& buckets() const { return buckets_; }
 
  private:
+  kern::GemmScratch gemm_scratch();
   TemporalIo temporal_io(int B);  // the temporal pass over rows 0..B-1 of the request block
   void enqueue_step(int B, cudaStream_t s);
   void enqueue_sample(int B, int stream_index, const float* logits, int64_t stride, int n, cudaStream_t s);
@@ -93,7 +94,8 @@ class CudaLmBatch : public LmBatch {
   DeviceBuffer<uint8_t> provided_;  // [K, B]
   DeviceBuffer<float> ext_;         // [B, D]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
-  DeviceBuffer<__nv_bfloat16> xstage_;  // [rows, max K]: the GEMMs' staged activations (kern::GemvArgs::xstage)
+  DeviceBuffer<__nv_bfloat16> xstage_;  // [rows, max K]: the GEMMs' staged activations (kern::GemmScratch)
+  DeviceBuffer<float> ws_;              // the GEMMs' split-K partial sums (kern::gemm_ws_floats)
   DeviceBuffer<float> work_, text_logits_, audio_logits_;  // logits [B, V], [B, S * card]
   DeviceBuffer<int32_t> sampled_, next_;                   // [1 + S, B], [B]
   PinnedBuffer<int32_t> h_in_;
