@@ -19,7 +19,9 @@
 // and the batch step p99 against the count, with the 80 ms frame and the 160 ms budget.
 //
 // --prefill F (with any of them): F untimed steps first, back to back, so that the timed ones run with
-// the context filled (the LM's context is 3000 frames; the KV cache is a ring).
+// the context filled (the LM's context is 3000 frames; the KV cache is a ring). With --lm-batch the
+// first min(F, context - 1) of them are prompt prefill (LmBatch::prefill, all streams given), timed
+// as prefill_s.
 //
 //   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N]
 //                     [--sweep N1 N2 ...] [--lm-batch B1 B2 ...] [--prefill F] [--out FILE]
@@ -249,10 +251,33 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   std::vector<ppx::StepResult> res(max_b);
   std::vector<ppx::BatchStep> steps(max_b);
   nlohmann::ordered_json per_b = nlohmann::ordered_json::array();
+  // --prefill: the positions inside the ring go through LmBatch::prefill (a system prompt's path:
+  // every stream given, many positions per pass), the rest as steps.
+  const int prefilled = std::min(prefill, c.context - 1);
+  std::vector<std::vector<int64_t>> p_in, p_tgt;
+  std::vector<uint8_t> all_given(K, 1);
+  std::vector<ppx::StepRequest> p_req;
+  const int chunk = std::max(1, batch->prefill_rows());
+  double prefill_ms = 0;
   for (const int B : sizes) {
     for (int b = 0; b < B; ++b) batch->open(b, *m.cfg.lm_gen, 42424242 + static_cast<uint64_t>(b));
+    const double tp = ppx::app::now_ms();
+    for (int b = 0; b < B; ++b) {
+      for (int p0 = 0; p0 < prefilled; p0 += chunk) {
+        const int n = std::min(chunk, prefilled - p0);
+        p_in.assign(n, std::vector<int64_t>(K));
+        p_tgt.assign(n, std::vector<int64_t>(K));
+        p_req.resize(n);
+        for (int i = 0; i < n; ++i) {
+          for (int k = 0; k < K; ++k) p_in[i][k] = p_tgt[i][k] = k == 0 ? 3 : tok(rng);
+          p_req[i] = ppx::StepRequest{p_in[i].data(), nullptr, p_tgt[i].data(), all_given.data(), nullptr};
+        }
+        batch->prefill(b, p_req.data(), n);
+      }
+    }
+    prefill_ms = ppx::app::now_ms() - tp;
     std::vector<double> ms;
-    for (int f = 0; f < prefill + warmup + frames; ++f) {
+    for (int f = prefilled; f < prefill + warmup + frames; ++f) {
       for (int b = 0; b < B; ++b) {
         for (int k = 0; k < K; ++k) {
           input[b][k] = k == 0 ? 3 : tok(rng);
@@ -268,6 +293,8 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
     }
     nlohmann::ordered_json e;
     e["batch"] = B;
+    e["prefill_positions"] = prefilled;
+    e["prefill_s"] = prefill_ms / 1e3;  // all B sessions, one after the other
     e["step_ms"] = ppx::app::latency_stats(ms);
     e["ms_per_session_p50"] = e["step_ms"]["p50"].get<double>() / B;
     per_b.push_back(e);

@@ -296,13 +296,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     const int k0 = sp * kSplit + warp * (kSplit / kAttnWarps) + grp;
     KeyWords<DL, KT> kw[kRounds], vw[kRounds];
     bool ok[kRounds];
+    float ksc[kRounds], vsc[kRounds];  // fp8: the keys' and values' scales, loaded with them
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
       const int idx = k0 + 4 * u;
       ok[u] = idx < r.C && ring_visible(idx, E, r.C, qpos, r.context);
+      ksc[u] = vsc[u] = 0.f;
       if (ok[u]) {
         kw[u].load(kb + static_cast<int64_t>(idx) * D);
         vw[u].load(vb + static_cast<int64_t>(idx) * D);
+        if constexpr (kFp8) {
+          ksc[u] = r.k_scale[s0 + static_cast<int64_t>(idx) * r.H];
+          vsc[u] = r.v_scale[s0 + static_cast<int64_t>(idx) * r.H];
+        }
       } else {
         kw[u].zero();
         vw[u].zero();
@@ -329,7 +335,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     float mn = m;
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
-      if constexpr (kFp8) sc[u] *= ok[u] ? r.k_scale[s0 + static_cast<int64_t>(k0 + 4 * u) * r.H] * k2p56 : 0.f;
+      if constexpr (kFp8) sc[u] *= ksc[u] * k2p56;
       mn = ok[u] ? fmaxf(mn, sc[u]) : mn;
     }
     const bool any = mn != -INFINITY;
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     for (int u = 0; u < kRounds; ++u) {
       float p = ok[u] ? expf(sc[u] - mn) : 0.f;
       l += p;
-      if constexpr (kFp8) p *= ok[u] ? r.v_scale[s0 + static_cast<int64_t>(k0 + 4 * u) * r.H] * k2p64 : 0.f;
+      if constexpr (kFp8) p *= vsc[u] * k2p64;
       float vf[DL];
       vw[u].to_float(1.f, vf);
 #pragma unroll
