@@ -59,28 +59,29 @@ TEST(Capacity, SlotBytesMatchTheBatchAllocation) {
   EXPECT_EQ(ppx::codec_slot_bytes_estimate(full_size().mimi), size_t{2} * 2 * 8 * 250 * 512 * 4 * 3 / 2);
 }
 
-TEST(Capacity, H200Bf16IsBandwidthBoundNearSixty) {
+TEST(Capacity, H200Bf16IsBandwidthBoundNearThirty) {
   const Capacity cap = ppx::compute_capacity(h200(KvDtype::kBf16));
   // Memory: (132 GB x 0.9 - 1 GiB reserve - one scratch slot) / 1.6 GB = 72.
   EXPECT_EQ(cap.memory_sessions, 72);
-  // Bandwidth: 72 ms less 7.5 GB at 2.58 TB/s (2.9 ms), over 1.57 GB at 1.43 TB/s (1.10 ms) = 62.
+  // Bandwidth: 72 ms less 7.5 GB at 2.58 TB/s (2.9 ms), over 1.57 GB at 1.43 TB/s (1.10 ms) plus
+  // the fixed 1.2 ms (the session's codec) = 30.
   ASSERT_TRUE(cap.bandwidth_sessions);
-  EXPECT_EQ(*cap.bandwidth_sessions, 62);
+  EXPECT_EQ(*cap.bandwidth_sessions, 30);
   EXPECT_NEAR(cap.weight_step_ms, 2.91, 0.01);
-  EXPECT_NEAR(cap.session_step_ms, 1.10, 0.01);
-  EXPECT_EQ(cap.sessions, 62);
+  EXPECT_NEAR(cap.session_step_ms, 1.10 + ppx::kSessionFixedMs, 0.01);
+  EXPECT_EQ(cap.sessions, 30);
   EXPECT_NEAR(cap.bytes_per_session / 1e9, 1.57 + 0.0246, 0.01);
 }
 
-TEST(Capacity, Fp8KvDoublesBothLimits) {
+TEST(Capacity, Fp8KvDoublesMemoryAndRaisesBandwidth) {
   const Capacity bf = ppx::compute_capacity(h200(KvDtype::kBf16));
   const Capacity f8 = ppx::compute_capacity(h200(KvDtype::kFp8));
   EXPECT_EQ(f8.memory_sessions, 139);
   ASSERT_TRUE(f8.bandwidth_sessions);
-  EXPECT_EQ(*f8.bandwidth_sessions, 122);
-  EXPECT_EQ(f8.sessions, 122);
+  EXPECT_EQ(*f8.bandwidth_sessions, 39);  // (72 - 2.9) / (0.56 + 1.2) ms
+  EXPECT_EQ(f8.sessions, 39);
   EXPECT_GT(f8.memory_sessions, 1.8 * bf.memory_sessions);
-  EXPECT_GT(*f8.bandwidth_sessions, 1.9 * *bf.bandwidth_sessions);
+  EXPECT_GT(*f8.bandwidth_sessions, 1.25 * *bf.bandwidth_sessions);
   EXPECT_LT(f8.bytes_per_session, 0.55 * bf.bytes_per_session);
 }
 

@@ -39,6 +39,7 @@ Capacity compute_capacity(const CapacityInputs& in) {
   if (!(in.weight_efficiency > 0 && in.weight_efficiency <= 1) || !(in.kv_efficiency > 0 && in.kv_efficiency <= 1))
     throw Error("capacity: the stream efficiencies must be in (0, 1]");
   if (!(in.frame_ms > 0)) throw Error("capacity: the frame must be longer than 0 ms");
+  if (!(in.session_fixed_ms >= 0)) throw Error("capacity: the fixed per-session time must not be negative");
   Capacity cap;
   cap.bandwidth = in.bandwidth;
   cap.free_bytes = in.free_bytes;
@@ -52,10 +53,11 @@ Capacity compute_capacity(const CapacityInputs& in) {
   cap.memory_sessions = usable <= 0 ? 0 : static_cast<int>(std::min(1e9, std::floor(usable / cap.bytes_per_session)));
 
   // Bandwidth: a step at batch N reads the weights once and N full-context KV caches, each at its
-  // measured share of the copy rate, and must end within the frame less the headroom.
+  // measured share of the copy rate, each session adds its fixed device time (its codec), and all
+  // of it must end within the frame less the headroom.
   if (in.bandwidth > 0) {
     cap.weight_step_ms = 1e3 * in.weight_bytes / (in.weight_efficiency * in.bandwidth);
-    cap.session_step_ms = 1e3 * cap.read_bytes_per_session / (in.kv_efficiency * in.bandwidth);
+    cap.session_step_ms = 1e3 * cap.read_bytes_per_session / (in.kv_efficiency * in.bandwidth) + in.session_fixed_ms;
     const double left = in.frame_ms * (1 - in.headroom) - cap.weight_step_ms;
     cap.bandwidth_sessions =
         left <= 0 ? 0 : static_cast<int>(std::min(1e9, std::floor(left / cap.session_step_ms)));

@@ -41,6 +41,12 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 // ~1.4 TB/s at full context (1/3) (docs/PERF.md). Better kernels raise them.
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 1.0 / 3.0;
+// Device time each session costs a frame besides its KV reads: its own Mimi encode and decode (one
+// small-kernel graph each, per session: the codec is not batched yet) and its rows of the batched
+// step. Calibrated on an H200 (bench/results/h200_2026-12-04_v20: `personaplex-bench --sweep` held
+// 48 real-time sessions with added latency p99 26 ms and lost real time at 64 while the batch step
+// stayed at 12 ms p99), so the default errs towards sessions that keep real time.
+inline constexpr double kSessionFixedMs = 1.2;
 
 // The sessions a server may hold at most (--max-sessions' range).
 inline constexpr int kMaxSessionsLimit = 256;
@@ -67,6 +73,7 @@ struct CapacityInputs {
   double prompt_cache_bytes = 0;       // the prompt cache's byte cap (none yet: 0)
   double weight_efficiency = kWeightStreamEfficiency;
   double kv_efficiency = kKvStreamEfficiency;
+  double session_fixed_ms = kSessionFixedMs;  // with a known bandwidth only
 };
 
 struct Capacity {
@@ -76,7 +83,7 @@ struct Capacity {
   double bytes_per_session = 0;           // LM slot plus codec state
   double read_bytes_per_session = 0;      // bytes a full-context session adds to every step
   double weight_step_ms = 0;              // the weights' share of a step at the modelled rate
-  double session_step_ms = 0;             // each full-context session's share of a step
+  double session_step_ms = 0;             // each full-context session's share of a frame (KV reads + fixed)
   double bandwidth = 0;                   // the input's copy rate (bytes/s); 0: unknown
   double free_bytes = 0;                  // the input's free memory
 };
