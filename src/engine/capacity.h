@@ -35,18 +35,18 @@ size_t lm_slot_read_bytes(const LmConfig& c, KvDtype kv);
 size_t codec_slot_bytes_estimate(const MimiConfig& c);
 
 // The efficiencies of the bandwidth model: the fraction of the measured device-to-device copy rate
-// (bytes read plus written, as cudaMemcpy moves them) at which a batch step streams the weights
-// and the KV caches. Measured on an H200 whose copy rate is ~4.3 TB/s: the GEMVs and GEMMs read
-// the weights at ~2-3 TB/s (0.6), the batched temporal attention reads keys and values at
-// ~1.4 TB/s at full context (1/3) (docs/PERF.md). Better kernels raise them.
+// (bytes read plus written, as cudaMemcpy moves them: ~3.76 TB/s on an H200) at which a batch step
+// streams the weights and the KV caches. Measured there (docs/PERF.md v0.15): the weights at ~2-3
+// TB/s (0.6); the batched attention reads a bf16 KV cache at ~4.5 TB/s and an fp8 one at ~2.6 TB/s
+// (0.7, the lower). Better kernels raise them.
 inline constexpr double kWeightStreamEfficiency = 0.6;
-inline constexpr double kKvStreamEfficiency = 1.0 / 3.0;
+inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its own Mimi encode and decode (one
 // small-kernel graph each, per session: the codec is not batched yet) and its rows of the batched
-// step. Calibrated on an H200 (bench/results/h200_2026-12-04_v20: `personaplex-bench --sweep` held
-// 48 real-time sessions with added latency p99 26 ms and lost real time at 64 while the batch step
-// stayed at 12 ms p99), so the default errs towards sessions that keep real time.
-inline constexpr double kSessionFixedMs = 1.2;
+// step. Calibrated on an H200 (bench/results/h200_2026-12-04_v20/server): the real server held 104
+// real-time `--fast --kv-fp8` sessions at added latency p99 73 ms and lost real time at 120, so a
+// session costs ~0.65 ms of an 80 ms frame at short context.
+inline constexpr double kSessionFixedMs = 0.6;
 
 // The sessions a server may hold at most (--max-sessions' range).
 inline constexpr int kMaxSessionsLimit = 256;
