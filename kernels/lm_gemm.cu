@@ -291,9 +291,14 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
         *reinterpret_cast<const uint4*>(xs + k);
 }
 
+int g_sms = 0;
+int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into on this device
+
+// Lets the kernel use up to what its largest slice needs, or what the device allows (sm_80: 163 KB,
+// sm_86/89/120/121: 99 KB, sm_90/100: 227 KB); gemm_batched() then keeps slices within it.
 template <typename WT, int NT>
 void set_smem_attr() {
-  const size_t need = smem_bytes(NT, kMaxSlice);
+  const size_t need = std::min<size_t>(smem_bytes(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
   if (cudaFuncSetAttribute(gemm_kernel<WT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)) !=
       cudaSuccess)
     throw std::runtime_error("lm_gemm: cannot set the shared-memory size of the GEMM kernel");
@@ -325,17 +330,17 @@ void launch_gemm(int nt, dim3 grid, size_t smem, const GemvArgs& a, const __nv_b
   }
 }
 
-int g_sms = 0;
-
 }  // namespace
 
 void init() {
-  set_all<__nv_bfloat16>(std::make_integer_sequence<int, kMaxNt>{});
-  set_all<int8_t>(std::make_integer_sequence<int, kMaxNt>{});
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     g_sms = 132;
+  if (cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    g_smem_optin = 48 * 1024;
+  set_all<__nv_bfloat16>(std::make_integer_sequence<int, kMaxNt>{});
+  set_all<int8_t>(std::make_integer_sequence<int, kMaxNt>{});
 }
 
 }  // namespace ppx::kern::gemm_impl
@@ -358,17 +363,22 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int KT = a.wi8 ? Fmt<int8_t>::kKt : Fmt<__nv_bfloat16>::kKt;
   const int sms = g_sms > 0 ? g_sms : 132;
   const int tiles = (a.N + kTileRows - 1) / kTileRows;
-  // K slices: at least K / kMaxSlice of them (the slice must fit in shared memory), more while the
+  // K slices: at least K / max_slice of them (the slice must fit in shared memory), more while the
   // tiles alone leave SMs idle; then as many tile groups as fill the SMs with one block each.
   const int kmax = (a.K + KT - 1) / KT;  // k-tiles in all
   const int bmax = std::min(a.B, 8 * kMaxNt);
-  const int s_need = (a.K + kMaxSlice - 1) / kMaxSlice;
+  // The longest slice (whole k-tiles, at most kMaxSlice) whose block fits the device's shared memory
+  // at the largest chunk's batch tiles; none: the chunked GEMV.
+  int max_slice = kMaxSlice / KT * KT;
+  while (max_slice >= KT && smem_bytes((bmax + 7) / 8, max_slice) > static_cast<size_t>(g_smem_optin)) max_slice -= KT;
+  if (max_slice < KT) return false;
+  const int s_need = (a.K + max_slice - 1) / max_slice;
   const int s_ws = static_cast<int>(std::min<size_t>(a.gemm.ws_floats / (static_cast<size_t>(bmax) * a.N), kmax));
   int S = std::min(std::max(s_need, (sms + tiles - 1) / tiles), s_ws);
   if (S < s_need) return false;  // the partial sums do not fit the scratch
   const int ks = (kmax + S - 1) / S * KT;  // slice length, a whole number of k-tiles
   S = (a.K + ks - 1) / ks;
-  if (ks > kMaxSlice) return false;
+  if (ks > max_slice) return false;
   const int P = std::max(1, std::min(tiles, sms / S));
   const __nv_bfloat16* x = a.x;
   int64_t xs = a.x_stride;
