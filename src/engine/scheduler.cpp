@@ -187,7 +187,8 @@ void LmScheduler::loop() {
           case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
           case Kind::kReset: batch_->reset(j->step.slot); break;
           case Kind::kClose: batch_->close(j->step.slot); break;
-          case Kind::kStep: break;
+          case Kind::kStep:
+          case Kind::kPrefill: break;  // taken apart above
         }
       } catch (...) {
         j->error = std::current_exception();
