@@ -147,7 +147,7 @@ void LmScheduler::loop() {
   }
   std::vector<Job*> jobs;
   std::vector<BatchStep> steps;
-  std::vector<Job*> step_jobs, prefills, later;
+  std::vector<Job*> step_jobs, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
   while (true) {
     {
@@ -160,7 +160,7 @@ void LmScheduler::loop() {
     // always precedes its first step). Then one batch step for every step job.
     steps.clear();
     step_jobs.clear();
-    prefills.clear();
+    Job* prefill = nullptr;  // one prefill job per pass, after the batch step
     later.clear();
     for (Job* j : jobs) {
       if (attach_error) {
@@ -168,7 +168,10 @@ void LmScheduler::loop() {
         continue;
       }
       if (j->kind == Kind::kPrefill) {
-        (prefills.empty() ? prefills : later).push_back(j);  // one per pass, after the batch step
+        if (prefill)
+          later.push_back(j);
+        else
+          prefill = j;
         continue;
       }
       if (j->kind == Kind::kStep) {
@@ -208,22 +211,22 @@ void LmScheduler::loop() {
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }
     int64_t prefilled = 0;
-    for (Job* j : prefills) {
+    if (prefill) {
       try {
-        batch_->prefill(j->step.slot, j->prefill, j->prefill_n);
-        prefilled += j->prefill_n;
+        batch_->prefill(prefill->step.slot, prefill->prefill, prefill->prefill_n);
+        prefilled = prefill->prefill_n;
       } catch (...) {
-        j->error = std::current_exception();
+        prefill->error = std::current_exception();
       }
     }
+    // Prefill jobs past the first stay queued (at the front) for the next passes.
+    std::erase_if(jobs, [&](Job* j) { return std::find(later.begin(), later.end(), j) != later.end(); });
     int waiting = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (Job* j : jobs) j->done = true;
-      // Prefill jobs past the first go back to the front of the queue, for the next passes.
-      for (Job* j : later) j->done = false;
       pending_.insert(pending_.begin(), later.begin(), later.end());
-      if (!prefills.empty()) {
+      if (prefill) {
         ++totals_.prefills;
         totals_.prefill_positions += prefilled;
       }
