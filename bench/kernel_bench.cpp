@@ -88,6 +88,69 @@ const Shape kShapes[] = {
     {"depformer head", 2048, 1024, GemvIn::kPlain},
 };
 
+// One shape's weights for the GEMV/GEMM sections: enough rotating copies of the bf16 weights and
+// of their fp8 and int8 quantizations (per-row scales) to exceed the 50 MB L2 several times, and
+// the activations, norm weights and outputs of `max_b` batch rows. args(i, type) is the GemvArgs of
+// launch i (it cycles through the copies) at batch B; type 0 bf16, 1 fp8, 2 int8.
+struct ShapeWeights {
+  enum Type { kBf16 = 0, kFp8 = 1, kInt8 = 2 };
+  const Shape& sh;
+  size_t wn;
+  int copies16, copies8;
+  DeviceBuffer<__nv_bfloat16> w, x, alpha, y;
+  DeviceBuffer<__nv_fp8_e4m3> w8;
+  DeviceBuffer<int8_t> wi8;
+  DeviceBuffer<float> scale8, scale_i8;
+  ShapeWeights(const Shape& shape, int max_b, bool with_fp8, cudaStream_t s)
+      : sh(shape),
+        wn(static_cast<size_t>(sh.N) * sh.K),
+        copies16(static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / (wn * 2)))),
+        copies8(static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / wn))),
+        w(wn * copies16),
+        x(static_cast<size_t>(max_b) * 2 * sh.K),
+        alpha(sh.K),
+        y(static_cast<size_t>(max_b) * sh.N),
+        w8(with_fp8 ? wn * copies8 : 0),
+        wi8(wn * copies8),
+        scale8(with_fp8 ? static_cast<size_t>(sh.N) * copies8 : 0),
+        scale_i8(static_cast<size_t>(sh.N) * copies8) {
+    using namespace ppx;
+    kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
+    kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
+    kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
+    for (int i = 0; i < copies8; ++i) {
+      if (with_fp8)
+        kern::quantize_fp8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, w8.get() + i * wn,
+                                scale8.get() + static_cast<size_t>(i) * sh.N, s);
+      kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
+                               scale_i8.get() + static_cast<size_t>(i) * sh.N, s);
+    }
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  const __nv_bfloat16* bf16_copy(int i) const { return w.get() + (i % copies16) * wn; }
+  ppx::kern::GemvArgs args(int i, Type type, int B) const {
+    ppx::kern::GemvArgs a;
+    if (type == kFp8) {
+      a.w8 = w8.get() + (i % copies8) * wn;
+      a.w_scale = scale8.get() + static_cast<size_t>(i % copies8) * sh.N;
+    } else if (type == kInt8) {
+      a.wi8 = wi8.get() + (i % copies8) * wn;
+      a.w_scale = scale_i8.get() + static_cast<size_t>(i % copies8) * sh.N;
+    } else {
+      a.w = bf16_copy(i);
+    }
+    a.x = x.get();
+    a.x_stride = 2 * sh.K;
+    a.N = sh.N;
+    a.K = sh.K;
+    a.B = B;
+    a.alpha = alpha.get();
+    a.y = y.get();
+    a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
+    return a;
+  }
+};
+
 // The w8a16 GEMV (fp8 e4m3 weights, per-row scales) against the bf16 GEMV on every LM shape at
 // B = 1 and 4, each as a graph of 200 back-to-back launches over rotating weight copies larger than
 // L2. Effective bandwidth counts the bytes a launch must read: weights (bf16: 2NK; fp8: NK plus 4N
@@ -96,47 +159,10 @@ nlohmann::ordered_json gemv8_bench(cudaStream_t s) {
   using namespace ppx;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const Shape& sh : kShapes) {
-    const size_t wn = static_cast<size_t>(sh.N) * sh.K;
-    const size_t l2x = size_t{400} << 20;  // several times the 50 MB L2
-    const int copies16 = static_cast<int>(std::max<size_t>(2, l2x / (wn * 2)));
-    const int copies8 = static_cast<int>(std::max<size_t>(2, l2x / wn));
-    DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(4) * 2 * sh.K), alpha(sh.K),
-        y(static_cast<size_t>(4) * sh.N);
-    DeviceBuffer<__nv_fp8_e4m3> w8(wn * copies8);
-    DeviceBuffer<int8_t> wi8(wn * copies8);
-    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8), scale_i8(static_cast<size_t>(sh.N) * copies8);
-    kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
-    kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
-    kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
-    for (int i = 0; i < copies8; ++i) {
-      kern::quantize_fp8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, w8.get() + i * wn,
-                              scale.get() + static_cast<size_t>(i) * sh.N, s);
-      kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
-                               scale_i8.get() + static_cast<size_t>(i) * sh.N, s);
-    }
-    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
+    const ShapeWeights sw(sh, 4, /*with_fp8=*/true, s);
+    const size_t wn = sw.wn;
     for (int B : {1, 4}) {
-      auto args = [&](int i, int type) {  // 0 bf16, 1 fp8, 2 int8
-        kern::GemvArgs a;
-        if (type == 1) {
-          a.w8 = w8.get() + (i % copies8) * wn;
-          a.w_scale = scale.get() + static_cast<size_t>(i % copies8) * sh.N;
-        } else if (type == 2) {
-          a.wi8 = wi8.get() + (i % copies8) * wn;
-          a.w_scale = scale_i8.get() + static_cast<size_t>(i % copies8) * sh.N;
-        } else {
-          a.w = w.get() + (i % copies16) * wn;
-        }
-        a.x = x.get();
-        a.x_stride = 2 * sh.K;
-        a.N = sh.N;
-        a.K = sh.K;
-        a.B = B;
-        a.alpha = alpha.get();
-        a.y = y.get();
-        a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
-        return a;
-      };
+      auto args = [&](int i, int type) { return sw.args(i, static_cast<ShapeWeights::Type>(type), B); };
       const int launches = 200;
       const double t16 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, 0), s); });
       const double t8 = time_graph_ms(s, launches, 7, [&](int i) { kern::gemv(sh.in, sh.out, args(i, 1), s); });
@@ -283,41 +309,14 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   constexpr int kMaxB = 128;
   for (const Shape& sh : kShapes) {
-    const size_t wn = static_cast<size_t>(sh.N) * sh.K;
-    const int copies16 = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / (wn * 2)));
-    const int copies8 = static_cast<int>(std::max<size_t>(2, (size_t{400} << 20) / wn));
-    DeviceBuffer<__nv_bfloat16> w(wn * copies16), x(static_cast<size_t>(kMaxB) * 2 * sh.K), alpha(sh.K),
-        y(static_cast<size_t>(kMaxB) * sh.N), xstage(static_cast<size_t>(kMaxB) * sh.K);
+    const ShapeWeights sw(sh, kMaxB, /*with_fp8=*/false, s);
+    const size_t wn = sw.wn;
+    DeviceBuffer<__nv_bfloat16> xstage(static_cast<size_t>(kMaxB) * sh.K);
     DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N), ws(kern::gemm_ws_floats(kMaxB, sh.N));
-    DeviceBuffer<int8_t> wi8(wn * copies8);
-    DeviceBuffer<float> scale(static_cast<size_t>(sh.N) * copies8);
-    kern::fill_random_bf16(w.get(), static_cast<int64_t>(w.size()), 1, 0.02f, 0.f, s);
-    kern::fill_random_bf16(x.get(), static_cast<int64_t>(x.size()), 2, 1.f, 0.f, s);
-    kern::fill_random_bf16(alpha.get(), sh.K, 3, 0.05f, 1.f, s);
-    for (int i = 0; i < copies8; ++i)
-      kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
-                               scale.get() + static_cast<size_t>(i) * sh.N, s);
-    PPX_CUDA_CHECK(cudaStreamSynchronize(s));
     for (int B : {8, 16, 32, 64, 128}) {
       auto args = [&](int i, bool i8) {
-        kern::GemvArgs a;
-        if (i8) {
-          a.wi8 = wi8.get() + (i % copies8) * wn;
-          a.w_scale = scale.get() + static_cast<size_t>(i % copies8) * sh.N;
-        } else {
-          a.w = w.get() + (i % copies16) * wn;
-        }
-        a.x = x.get();
-        a.x_stride = 2 * sh.K;
-        a.N = sh.N;
-        a.K = sh.K;
-        a.B = B;
-        a.alpha = alpha.get();
-        a.y = y.get();
-        a.y_stride = sh.out == GemvOut::kGateUp ? sh.N / 2 : sh.N;
-        a.gemm.xstage = xstage.get();
-        a.gemm.ws = ws.get();
-        a.gemm.ws_floats = ws.size();
+        kern::GemvArgs a = sw.args(i, i8 ? ShapeWeights::kInt8 : ShapeWeights::kBf16, B);
+        a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size()};
         return a;
       };
       const int launches = 50;
@@ -326,8 +325,8 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
       const float one = 1.f, zero = 0.f;
       const double tcb = time_graph_ms(s, launches, 5, [&](int i) {
         // Y[N, B] = W[N, K] X[K, B] in column-major terms: W^T is [K, N] with ld K.
-        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, B, sh.K, &one, w.get() + (i % copies16) * wn,
-                                  CUDA_R_16BF, sh.K, x.get(), CUDA_R_16BF, 2 * sh.K, &zero, yf.get(), CUDA_R_32F,
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, B, sh.K, &one, sw.bf16_copy(i),
+                                  CUDA_R_16BF, sh.K, sw.x.get(), CUDA_R_16BF, 2 * sh.K, &zero, yf.get(), CUDA_R_32F,
                                   sh.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
       const double flop = 2.0 * static_cast<double>(wn) * B;
