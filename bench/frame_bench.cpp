@@ -7,7 +7,9 @@
 // path: one batched LM step for every session with a frame ready), each fed one frame every 80 ms
 // in real time (staggered starts). Reports the batch step time, the batch sizes and each frame's
 // added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
-// budget (two frames). Batch steps are counted once every session is in its timed frames.
+// budget (two frames). Batch steps are counted once every session is in its timed frames. The
+// codec runs as in the server: batched by the codec scheduler (pass times and frames per pass
+// reported), or with --per-session-codec on each session's thread.
 //
 // --lm-batch B1 B2 ...: the batched LM step alone at each batch size (one LmBatch with max(B)
 // slots, every row a session with random provided audio tokens and sampled text and agent tokens):
@@ -41,6 +43,7 @@
 #include "apps/model_loading.h"
 #include "apps/png_plot.h"
 #include "engine/backend.h"
+#include "engine/codec_scheduler.h"
 #include "engine/scheduler.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
@@ -73,7 +76,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
 // One --sessions run: N sessions through a fresh scheduler (its own LM batch of N slots). Returns
 // the run's results, without the JSON head.
 nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions, int frames, int warmup,
-                                    int prefill) {
+                                    int prefill, bool codec_batch) {
   using Clock = std::chrono::steady_clock;
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::mutex mu;  // guards the vectors below
@@ -88,6 +91,18 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
     step_ms.push_back(i.ms);
     batch.push_back(i.batch);
   });
+  // The codec as the server runs it: every session's frames batched by the codec scheduler, or
+  // (--per-session-codec) each session's own stream on its thread.
+  std::vector<double> codec_ms, codec_rows;
+  std::unique_ptr<ppx::CodecScheduler> codec_sched;
+  if (codec_batch)
+    codec_sched = std::make_unique<ppx::CodecScheduler>(m.backend->codec_batch(sessions),
+                                                        [&](const ppx::CodecScheduler::PassInfo& i) {
+                                                          if (timed.load() < sessions) return;
+                                                          std::lock_guard<std::mutex> lk(mu);
+                                                          codec_ms.push_back(i.ms);
+                                                          codec_rows.push_back(i.encodes + i.decodes);
+                                                        });
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
   const ppx::SystemPrompt prompt = bench_prompt(m);
@@ -98,7 +113,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
     threads.emplace_back([&, s] {
       try {
         m.backend->attach_thread();  // --device cuda:N: this thread's codec work on that device
-        std::unique_ptr<ppx::CodecStream> codec = m.backend->codec_stream(s);
+        std::unique_ptr<ppx::CodecStream> codec = codec_sched ? codec_sched->open(s) : m.backend->codec_stream(s);
         auto stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
         ppx::Conversation conv(*codec, *stepper, gen);
         conv.run_system_prompts(prompt);
@@ -149,15 +164,20 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["batch_step_ms"] = ppx::app::latency_stats(step_ms);
   j["batch_size"] = ppx::app::latency_stats(bsz);
   j["batch_steps"] = step_ms.size();
+  j["codec"] = codec_batch ? "batched" : "per-session";
+  if (codec_batch) {
+    j["codec_pass_ms"] = ppx::app::latency_stats(codec_ms);
+    j["codec_pass_frames"] = ppx::app::latency_stats(codec_rows);
+  }
   j["wall_s"] = wall_s;
   return j;
 }
 
 // --sessions N (see the top of this file).
 int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
-                   int warmup, int prefill, int argc, char** argv, const std::string& out) {
+                   int warmup, int prefill, bool codec_batch, int argc, char** argv, const std::string& out) {
   nlohmann::ordered_json j = result_head("sessions", m, mf);
-  j.update(run_sessions(m, sessions, frames, warmup, prefill));
+  j.update(run_sessions(m, sessions, frames, warmup, prefill, codec_batch));
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
   ppx::app::emit_json(j, out);
@@ -171,14 +191,15 @@ std::string with_extension(const std::string& path, const std::string& ext) {
 
 // --sweep N1 N2 ... (see the top of this file).
 int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& counts,
-                int frames, int warmup, int prefill, int argc, char** argv, const std::string& out) {
+                int frames, int warmup, int prefill, bool codec_batch, int argc, char** argv,
+                const std::string& out) {
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   ppx::app::PlotSeries added{"added latency p99", {214, 39, 40}, {}, {}};
   ppx::app::PlotSeries step{"batch step p99", {31, 119, 180}, {}, {}};
   for (const int n : counts) {
     std::fprintf(stderr, "sweep: %d sessions\n", n);
-    nlohmann::ordered_json r = run_sessions(m, n, frames, warmup, prefill);
+    nlohmann::ordered_json r = run_sessions(m, n, frames, warmup, prefill, codec_batch);
     // A run too short to time a step after every session started has no step statistics.
     const auto p99 = [](const nlohmann::ordered_json& st) {
       return st.contains("p99") ? st["p99"].get<double>() : std::nan("");
@@ -336,6 +357,10 @@ int bench(int argc, char** argv) {
                  "each): one JSON with every run, and a PNG of p99 against the count beside --out")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
+  bool per_session_codec = false;
+  app.add_flag("--per-session-codec", per_session_codec,
+               "with --sessions or --sweep: each session runs its own codec stream on its thread instead of "
+               "the batched codec scheduler (the server's --per-session-codec)");
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
@@ -354,7 +379,7 @@ int bench(int argc, char** argv) {
       throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
     mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sweep(m, mf, sweep, frames, warmup, prefill, argc, argv, out);
+    return bench_sweep(m, mf, sweep, frames, warmup, prefill, !per_session_codec, argc, argv, out);
   }
   if (!batch_sizes.empty()) {
     if (sessions > 0 || soak_minutes > 0) throw ppx::Error("--lm-batch cannot be combined with --sessions or --soak");
@@ -366,7 +391,7 @@ int bench(int argc, char** argv) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, frames, warmup, prefill, argc, argv, out);
+    return bench_sessions(m, mf, sessions, frames, warmup, prefill, !per_session_codec, argc, argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   const int dep_steps = m.dep_steps;

@@ -2,12 +2,16 @@
 // replay, slot independence and reset. Every test skips (not fails) on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
+#include "codec_test_util.h"
+#include "engine/backend.h"
 #include "ppx/config.h"
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"
@@ -284,6 +288,99 @@ TEST(CudaMimiFullSize, SlotsAreIndependent) {
     solo.insert(solo.end(), y.begin(), y.end());
   }
   EXPECT_EQ(ob, solo);
+}
+
+// Batched launches (encode_batch / decode_batch over any subset of slots, in any order) give
+// every slot exactly what its own per-slot calls give: 6 slots with their own signals, each tick
+// a random subset of them takes its next frame.
+TEST(CudaMimiFullSize, BatchedEqualsPerSlot) {
+  PPX_REQUIRE_GPU();
+  FullSize& F = full();
+  constexpr int kSlots = 6;
+  RandomWeights w(20261202);
+  cuda::CudaMimi m(F.cfg.mimi, w, kSlots);
+  Runner r(m);
+  std::vector<std::vector<float>> sig;
+  for (int i = 0; i < kSlots; ++i) sig.push_back(signal(kFrames * F.fs, 10 + i));
+  // Per slot, alone: codes of every frame, and the decode of the CPU codes shifted by the slot.
+  auto dec_codes = [&](int slot, int f) { return F.cpu_codes.data() + ((f + slot) % kFrames) * F.nq; };
+  std::vector<std::vector<int32_t>> codes_alone(kSlots);
+  std::vector<std::vector<float>> pcm_alone(kSlots);
+  for (int i = 0; i < kSlots; ++i) {
+    m.reset_encoder(i, r.s);
+    m.reset_decoder(i, r.s);
+    for (int f = 0; f < kFrames; ++f) {
+      const auto c = r.encode(i, sig[i].data() + f * F.fs);
+      const auto y = r.decode(i, dec_codes(i, f));
+      codes_alone[i].insert(codes_alone[i].end(), c.begin(), c.end());
+      pcm_alone[i].insert(pcm_alone[i].end(), y.begin(), y.end());
+    }
+  }
+  for (int i = 0; i < kSlots; ++i) {
+    m.reset_encoder(i, r.s);
+    m.reset_decoder(i, r.s);
+  }
+  std::vector<std::vector<int32_t>> codes_b(kSlots);
+  std::vector<std::vector<float>> pcm_b(kSlots);
+  std::vector<int> next(kSlots, 0);
+  std::mt19937 rng(7);
+  cuda::DeviceBuffer<int> ids(kSlots);
+  cuda::DeviceBuffer<float> pin(static_cast<size_t>(kSlots) * F.fs), pout(static_cast<size_t>(kSlots) * F.fs);
+  cuda::DeviceBuffer<int32_t> cin(static_cast<size_t>(kSlots) * F.nq), cout(static_cast<size_t>(kSlots) * F.nq);
+  int max_rows = 0;
+  while (true) {
+    std::vector<int> rows;
+    for (int i = 0; i < kSlots; ++i)
+      if (next[i] < kFrames && rng() % 3 != 0) rows.push_back(i);
+    if (rows.empty()) {
+      if (std::all_of(next.begin(), next.end(), [](int f) { return f == kFrames; })) break;
+      continue;
+    }
+    std::shuffle(rows.begin(), rows.end(), rng);
+    const int n = static_cast<int>(rows.size());
+    max_rows = std::max(max_rows, n);
+    std::vector<float> x(static_cast<size_t>(n) * F.fs);
+    std::vector<int32_t> dc(static_cast<size_t>(n) * F.nq);
+    for (int b = 0; b < n; ++b) {
+      const int i = rows[b];
+      std::copy_n(sig[i].data() + next[i] * F.fs, F.fs, x.data() + b * F.fs);
+      std::copy_n(dec_codes(i, next[i]), F.nq, dc.data() + b * F.nq);
+    }
+    ids.upload(rows.data(), rows.size(), r.s);
+    pin.upload(x.data(), x.size(), r.s);
+    cin.upload(dc.data(), dc.size(), r.s);
+    m.encode_batch(ids.get(), n, pin.get(), cout.get(), r.s);
+    m.decode_batch(ids.get(), n, cin.get(), pout.get(), r.s);
+    std::vector<int32_t> c(static_cast<size_t>(n) * F.nq);
+    std::vector<float> y(static_cast<size_t>(n) * F.fs);
+    PPX_CUDA_CHECK(cudaMemcpyAsync(c.data(), cout.get(), c.size() * 4, cudaMemcpyDeviceToHost, r.s));
+    PPX_CUDA_CHECK(cudaMemcpyAsync(y.data(), pout.get(), y.size() * 4, cudaMemcpyDeviceToHost, r.s));
+    PPX_CUDA_CHECK(cudaStreamSynchronize(r.s));
+    for (int b = 0; b < n; ++b) {
+      const int i = rows[b];
+      codes_b[i].insert(codes_b[i].end(), c.begin() + b * F.nq, c.begin() + (b + 1) * F.nq);
+      pcm_b[i].insert(pcm_b[i].end(), y.begin() + b * F.fs, y.begin() + (b + 1) * F.fs);
+      ++next[i];
+    }
+  }
+  EXPECT_GE(max_rows, 3);
+  for (int i = 0; i < kSlots; ++i) {
+    EXPECT_EQ(codes_b[i], codes_alone[i]) << "slot " << i;
+    EXPECT_EQ(pcm_b[i], pcm_alone[i]) << "slot " << i;
+  }
+  EXPECT_NE(codes_alone[0], codes_alone[1]);
+  EXPECT_THROW(m.encode_batch(ids.get(), kSlots + 1, pin.get(), cout.get(), r.s), Error);
+  EXPECT_THROW(m.decode_batch(nullptr, 1, cin.get(), pout.get(), r.s), Error);
+}
+
+// The CUDA backend's codec batch (graphs per batch size) through the codec scheduler, sessions
+// joining and leaving: each session gets what its own codec stream gives alone.
+TEST(CudaCodecScheduler, BatchedEqualsAlone) {
+  PPX_REQUIRE_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights w(std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors")));
+  auto backend = make_cuda_backend(cfg, w, nullptr, 0, 5, /*with_lm=*/false);
+  test::codec_batched_equals_alone(*backend, 5);
 }
 
 // After some frames, a reset makes the slot behave like a fresh one.

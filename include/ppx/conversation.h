@@ -48,6 +48,8 @@ class CodecStream {
   virtual ~CodecStream() = default;
   virtual int frame_samples() const = 0;
   virtual int num_codebooks() const = 0;
+  // Codes are in [0, codebook_size()); decode() refuses others.
+  virtual int codebook_size() const = 0;
   virtual void reset() = 0;
   // pcm [frame_samples] -> codes [num_codebooks]
   virtual void encode(const float* pcm, int32_t* codes) = 0;
@@ -61,6 +63,7 @@ class CpuCodecStream : public CodecStream {
   explicit CpuCodecStream(const Mimi& mimi) : mimi_(mimi) {}
   int frame_samples() const override { return mimi_.frame_samples(); }
   int num_codebooks() const override { return mimi_.num_codebooks(); }
+  int codebook_size() const override { return mimi_.config().quantizer.bins; }
   void reset() override { st_.reset(); }
   void encode(const float* pcm, int32_t* codes) override { mimi_.encode(st_, pcm, codes); }
   void decode(const int32_t* codes, float* pcm) override { mimi_.decode(st_, codes, pcm); }

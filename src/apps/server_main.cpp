@@ -196,6 +196,10 @@ int serve(int argc, char** argv) {
          "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
          "microphone except on localhost")
       ->check(CLI::ExistingDirectory);
+  bool per_session_codec = false;
+  app.add_flag("--per-session-codec", per_session_codec,
+               "each session runs its own codec stream on its worker thread instead of the batched "
+               "codec scheduler (for comparison; the default batches every session's frames)");
   std::string log_level = "info";
   bool log_json = false;
   app.add_option("--log-level", log_level, "log messages of this level and above on stderr")
@@ -205,6 +209,7 @@ int serve(int argc, char** argv) {
                "log one JSON object per line (time, level, msg and the event's fields)");
   try {
     app.parse(argc, argv);
+    o.codec_batch = !per_session_codec;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }

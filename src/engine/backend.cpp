@@ -83,6 +83,21 @@ class CpuBackend : public ModelBackend {
 
 }  // namespace
 
+CodecStream& LoopCodecBatch::stream(int slot) {
+  if (slot < 0 || slot >= slots()) throw Error("codec slot " + std::to_string(slot) + " out of range");
+  auto& s = streams_[static_cast<size_t>(slot)];
+  if (!s) s = make_(slot);
+  return *s;
+}
+
+std::unique_ptr<CodecBatch> ModelBackend::codec_batch(int slots) {
+  if (slots < 1) throw Error("a codec batch needs at least one slot");
+  const std::unique_ptr<CodecStream> probe = codec_stream(0);
+  return std::make_unique<LoopCodecBatch>(
+      slots, probe->frame_samples(), probe->num_codebooks(), probe->codebook_size(), [this](int slot) { return codec_stream(slot); },
+      [this] { attach_thread(); });
+}
+
 std::unique_ptr<ModelBackend> make_cpu_backend(std::unique_ptr<Mimi> mimi, std::unique_ptr<Lm> lm) {
   return std::make_unique<CpuBackend>(std::move(mimi), std::move(lm));
 }

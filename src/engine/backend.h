@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/capacity.h"
+#include "ppx/codec_batch.h"
 #include "ppx/config.h"
 #include "ppx/conversation.h"
 #include "ppx/lm_batch.h"
@@ -25,6 +26,11 @@ class ModelBackend {
   virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
   // A codec stream for one session. `slot` indexes preallocated per-session state.
   virtual std::unique_ptr<CodecStream> codec_stream(int slot) = 0;
+  // The codec of `slots` sessions for the codec scheduler (src/engine/codec_scheduler.h), made
+  // once at startup; it uses the same per-slot state as codec_stream(slot), so a slot is used
+  // through one or the other. This default loops over codec_stream()s (LoopCodecBatch); CUDA
+  // launches each layer once for the whole batch.
+  virtual std::unique_ptr<CodecBatch> codec_batch(int slots);
   // An LM stepper for one session, sampling with `gen` (greedy when !gen.use_sampling).
   virtual std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed, int dep_steps = -1) = 0;
   // The LM state of `slots` sessions for the frame scheduler (src/engine/scheduler.h), made once
@@ -90,6 +96,7 @@ class MirroredCodecStream : public CodecStream {
         scratch_pcm_(main_->frame_samples()) {}
   int frame_samples() const override { return main_->frame_samples(); }
   int num_codebooks() const override { return main_->num_codebooks(); }
+  int codebook_size() const override { return main_->codebook_size(); }
   void reset() override {
     main_->reset();
     shadow_->reset();

@@ -19,7 +19,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     j.kind = Kind::kClose;
     j.step.slot = slot_;
     try {
-      s_.submit(j);
+      s_.queue_.submit(j);
     } catch (...) {
       // The slot's state is unusable anyway (device failure); the next open() resets it.
     }
@@ -31,7 +31,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     Job j;
     j.kind = Kind::kReset;
     j.step.slot = slot_;
-    s_.submit(j);
+    s_.queue_.submit(j);
   }
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override {
     const LmConfig& c = config();
@@ -50,7 +50,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     flush();
     Job j;
     j.step = BatchStep{slot_, &req, &out, logits};
-    s_.submit(j);
+    s_.queue_.submit(j);
   }
 
  private:
@@ -85,7 +85,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     j.step.slot = slot_;
     j.prefill = reqs.data();
     j.prefill_n = static_cast<int>(reqs.size());
-    s_.submit(j);
+    s_.queue_.submit(j);
   }
 
   LmScheduler& s_;
@@ -102,11 +102,7 @@ LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, i
 }
 
 LmScheduler::~LmScheduler() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stopping_ = true;
-  }
-  work_cv_.notify_all();
+  queue_.stop();
   thread_.join();
 }
 
@@ -117,24 +113,12 @@ std::unique_ptr<LmStepper> LmScheduler::open(int slot, const LmGenConfig& gen, u
   j.step.slot = slot;
   j.gen = &gen;
   j.seed = seed;
-  submit(j);
+  queue_.submit(j);
   return std::make_unique<SlotStepper>(*this, slot);
 }
 
 LmScheduler::Totals LmScheduler::totals() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return totals_;
-}
-
-void LmScheduler::submit(Job& j) {
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    if (stopping_) throw Error("the LM scheduler has stopped");
-    pending_.push_back(&j);
-    work_cv_.notify_one();
-    done_cv_.wait(lk, [&] { return j.done; });
-  }
-  if (j.error) std::rethrow_exception(j.error);
+  return queue_.locked([&] { return totals_; });
 }
 
 void LmScheduler::loop() {
@@ -149,13 +133,7 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
-      if (pending_.empty()) return;  // stopping with nothing queued
-      jobs.swap(pending_);
-    }
+  while (queue_.take(jobs)) {
     // Slot control first, in the order asked (a session has one job at a time, so a slot's open
     // always precedes its first step). Then one batch step for every step job.
     steps.clear();
@@ -221,11 +199,7 @@ void LmScheduler::loop() {
     }
     // Prefill jobs past the first stay queued (at the front) for the next passes.
     std::erase_if(jobs, [&](Job* j) { return std::find(later.begin(), later.end(), j) != later.end(); });
-    int waiting = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (Job* j : jobs) j->done = true;
-      pending_.insert(pending_.begin(), later.begin(), later.end());
+    const int waiting = static_cast<int>(queue_.finish(jobs, later, [&](size_t) {
       if (prefill) {
         ++totals_.prefills;
         totals_.prefill_positions += prefilled;
@@ -235,10 +209,7 @@ void LmScheduler::loop() {
         totals_.items += static_cast<int64_t>(steps.size());
         totals_.max_batch = std::max(totals_.max_batch, static_cast<int>(steps.size()));
       }
-      waiting = static_cast<int>(pending_.size());
-    }
-    done_cv_.notify_all();
-    jobs.clear();
+    }));
     if (!steps.empty() && on_step_) {
       try {
         on_step_(StepInfo{static_cast<int>(steps.size()), ms, waiting});

@@ -9,15 +9,14 @@
 // The network and session threads never touch the backend's LM themselves.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "engine/job_queue.h"
 #include "ppx/lm_batch.h"
 #include "ppx/lm_gen.h"
 
@@ -69,19 +68,14 @@ class LmScheduler {
     bool done = false;
     std::exception_ptr error;
   };
-  // Queues `j`, waits until the scheduler thread has run it, rethrows its error.
-  void submit(Job& j);
   void loop();
 
   std::unique_ptr<LmBatch> batch_;
   StepObserver on_step_;
   int slots_ = 0;
   int prefill_chunk_ = 1;
-  std::mutex mu_;  // guards the members below
-  std::condition_variable work_cv_, done_cv_;
-  std::vector<Job*> pending_;
-  bool stopping_ = false;
-  Totals totals_;
+  JobQueue<Job> queue_{"LM scheduler"};
+  Totals totals_;  // under the queue's lock
   std::thread thread_;
 };
 

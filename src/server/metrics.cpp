@@ -46,6 +46,17 @@ void Metrics::batch_step(int batch, double ms, int waiting) {
   }
 }
 
+void Metrics::codec_pass(int encodes, int decodes, double ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++codec_passes_;
+  codec_encodes_ += static_cast<uint64_t>(encodes);
+  codec_decodes_ += static_cast<uint64_t>(decodes);
+  codec_ms_sum_ += ms;
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    if (ms <= kBucketsMs[i]) ++codec_buckets_[i];
+  }
+}
+
 std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::ostringstream o;
@@ -111,6 +122,21 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
   o << "personaplex_scheduler_step_seconds_bucket{le=\"+Inf\"} " << batch_steps_ << "\n";
   o << "personaplex_scheduler_step_seconds_sum " << batch_ms_sum_ / 1000.0 << "\n";
   o << "personaplex_scheduler_step_seconds_count " << batch_steps_ << "\n";
+  o << "# HELP personaplex_codec_frames_total Session frames through the codec scheduler's batched "
+       "calls.\n"
+       "# TYPE personaplex_codec_frames_total counter\n"
+       "personaplex_codec_frames_total{direction=\"encode\"} "
+    << codec_encodes_ << "\npersonaplex_codec_frames_total{direction=\"decode\"} " << codec_decodes_ << "\n";
+  o << "# HELP personaplex_codec_pass_seconds Wall time of one codec scheduler pass (a batched "
+       "encode and a batched decode).\n"
+       "# TYPE personaplex_codec_pass_seconds histogram\n";
+  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
+    o << "personaplex_codec_pass_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << codec_buckets_[i]
+      << "\n";
+  }
+  o << "personaplex_codec_pass_seconds_bucket{le=\"+Inf\"} " << codec_passes_ << "\n";
+  o << "personaplex_codec_pass_seconds_sum " << codec_ms_sum_ / 1000.0 << "\n";
+  o << "personaplex_codec_pass_seconds_count " << codec_passes_ << "\n";
   return o.str();
 }
 

@@ -24,6 +24,8 @@ class Metrics {
   // One batch step of the LM scheduler: sessions stepped, its wall time (ms), steps queued
   // meanwhile.
   void batch_step(int batch, double ms, int waiting);
+  // One pass of the codec scheduler: sessions in its batched encode and decode, its wall time (ms).
+  void codec_pass(int encodes, int decodes, double ms);
   std::string prometheus(int sessions_in_use, int max_sessions, int connections) const;
 
   // Upper bounds (ms) of the frame-time histogram buckets; +Inf is implied.
@@ -41,6 +43,10 @@ class Metrics {
   int last_batch_ = 0, last_waiting_ = 0;
   double batch_ms_sum_ = 0;
   std::array<uint64_t, kBucketsMs.size()> batch_buckets_{};
+  // The codec scheduler: passes, their encoded and decoded frames, the pass-time histogram.
+  uint64_t codec_passes_ = 0, codec_encodes_ = 0, codec_decodes_ = 0;
+  double codec_ms_sum_ = 0;
+  std::array<uint64_t, kBucketsMs.size()> codec_buckets_{};
   std::array<uint64_t, kRejectionCount> rejected_{};
 };
 

@@ -629,6 +629,10 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   hub.scheduler = std::make_unique<LmScheduler>(
       model.backend->lm_batch(opts.max_sessions, model.dep_steps),
       [metrics = &hub.metrics](const LmScheduler::StepInfo& i) { metrics->batch_step(i.batch, i.ms, i.waiting); });
+  if (opts.codec_batch)
+    hub.codec = std::make_unique<CodecScheduler>(
+        model.backend->codec_batch(opts.max_sessions),
+        [metrics = &hub.metrics](const CodecScheduler::PassInfo& i) { metrics->codec_pass(i.encodes, i.decodes, i.ms); });
   Impl* impl = impl_.get();
   hub.on_device_error = [impl](const std::string& what) {
     {

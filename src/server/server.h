@@ -54,6 +54,9 @@ struct ServerOptions {
       allowed_origins;                // non-empty: WebSocket upgrades with another Origin get 403
   double drain_timeout_s = 10.0;      // shutdown(): how long live conversations may go on
   double max_session_duration_s = 0;  // 0: unlimited
+  // Sessions' codec frames go through the codec scheduler, batched (true); false: each session
+  // runs its own codec stream on its worker (--per-session-codec, for comparison).
+  bool codec_batch = true;
 };
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.

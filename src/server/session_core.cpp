@@ -280,7 +280,9 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
   std::unique_ptr<CodecStream> codec;
   std::unique_ptr<LmStepper> stepper;
-  {
+  if (hub_->codec) {
+    codec = hub_->codec->open(slot);  // through the codec scheduler's queue
+  } else {
     std::lock_guard<std::mutex> lk(hub_->backend_mu);
     codec = m.backend->codec_stream(slot);
   }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/codec_scheduler.h"
 #include "engine/scheduler.h"
 #include "server/end_reason.h"
 #include "server/metrics.h"
@@ -31,6 +32,9 @@ struct SessionHub {
   // Every session's LM state and the thread that steps them all, batched (max_sessions slots; a
   // session's LM slot is its session slot).
   std::unique_ptr<LmScheduler> scheduler;
+  // Every session's codec state and the thread that encodes and decodes their frames, batched
+  // (null with --per-session-codec: each session then takes its own codec stream).
+  std::unique_ptr<CodecScheduler> codec;
 
   std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
   std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed

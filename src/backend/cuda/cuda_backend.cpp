@@ -1,5 +1,6 @@
 // The CUDA backend: CudaMimi codec streams (one slot each, encode and decode captured as CUDA
 // graphs including their host transfers) and CudaLm steppers.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,7 @@ class CudaCodecStream : public CodecStream {
   }
   int frame_samples() const override { return mimi_.frame_samples(); }
   int num_codebooks() const override { return mimi_.num_codebooks(); }
+  int codebook_size() const override { return bins_; }
   void reset() override {
     mimi_.reset_encoder(slot_, s_);
     mimi_.reset_decoder(slot_, s_);
@@ -81,6 +83,107 @@ class CudaCodecStream : public CodecStream {
   cudaGraphExec_t enc_ = nullptr, dec_ = nullptr;
   cuda::DeviceBuffer<float> d_pcm_in_, d_pcm_out_;
   cuda::DeviceBuffer<int32_t> d_codes_in_, d_codes_out_;
+  cuda::PinnedBuffer<float> h_pcm_in_, h_pcm_out_;
+  cuda::PinnedBuffer<int32_t> h_codes_in_, h_codes_out_;
+};
+
+// Every session's codec in one CudaMimi, one batched launch sequence per direction and call. The
+// sequence for a batch of n (host-to-device copies of the slot ids and inputs, the kernels, the
+// copy back) is captured as a CUDA graph the first time n occurs and replayed after: the slot ids
+// are read from device memory, so one graph serves any n slots.
+class CudaCodecBatch : public CodecBatch {
+ public:
+  CudaCodecBatch(cuda::CudaMimi& mimi, int slots, int bins, int device)
+      : mimi_(mimi), slots_(slots), bins_(bins), device_(device), fs_(mimi.frame_samples()),
+        ncb_(mimi.num_codebooks()), enc_graphs_(static_cast<size_t>(slots) + 1, nullptr),
+        dec_graphs_(static_cast<size_t>(slots) + 1, nullptr) {
+    if (slots < 1 || slots > mimi.slots())
+      throw Error("codec batch of " + std::to_string(slots) + " slots: the codec has " + std::to_string(mimi.slots()));
+    PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    const size_t n = static_cast<size_t>(slots);
+    d_ids_.resize(n);
+    d_pcm_in_.resize(n * fs_);
+    d_pcm_out_.resize(n * fs_);
+    d_codes_in_.resize(n * ncb_);
+    d_codes_out_.resize(n * ncb_);
+    h_ids_ = cuda::PinnedBuffer<int>(n);
+    h_pcm_in_ = cuda::PinnedBuffer<float>(n * fs_);
+    h_pcm_out_ = cuda::PinnedBuffer<float>(n * fs_);
+    h_codes_in_ = cuda::PinnedBuffer<int32_t>(n * ncb_);
+    h_codes_out_ = cuda::PinnedBuffer<int32_t>(n * ncb_);
+  }
+  ~CudaCodecBatch() override {
+    for (auto* v : {&enc_graphs_, &dec_graphs_})
+      for (cudaGraphExec_t g : *v)
+        if (g) cudaGraphExecDestroy(g);
+    if (s_) cudaStreamDestroy(s_);
+  }
+  int slots() const override { return slots_; }
+  int frame_samples() const override { return static_cast<int>(fs_); }
+  int num_codebooks() const override { return static_cast<int>(ncb_); }
+  int codebook_size() const override { return bins_; }
+  void attach_thread() override { PPX_CUDA_CHECK(cudaSetDevice(device_)); }
+  void reset(int slot) override {
+    check(&slot, 1);
+    mimi_.reset_encoder(slot, s_);
+    mimi_.reset_decoder(slot, s_);
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void encode(const int* slots, int n, const float* pcm, int32_t* codes) override {
+    check(slots, n);
+    std::copy_n(slots, n, h_ids_.get());
+    std::copy_n(pcm, static_cast<size_t>(n) * fs_, h_pcm_in_.get());
+    replay(enc_graphs_, n, [&] {
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_ids_.get(), h_ids_.get(), n * sizeof(int), cudaMemcpyHostToDevice, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm_in_.get(), h_pcm_in_.get(), static_cast<size_t>(n) * fs_ * sizeof(float),
+                                     cudaMemcpyHostToDevice, s_));
+      mimi_.encode_batch(d_ids_.get(), n, d_pcm_in_.get(), d_codes_out_.get(), s_);
+      PPX_CUDA_CHECK(cudaMemcpyAsync(h_codes_out_.get(), d_codes_out_.get(),
+                                     static_cast<size_t>(n) * ncb_ * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+    });
+    std::copy_n(h_codes_out_.get(), static_cast<size_t>(n) * ncb_, codes);
+  }
+  void decode(const int* slots, int n, const int32_t* codes, float* pcm) override {
+    check(slots, n);
+    for (size_t i = 0; i < static_cast<size_t>(n) * ncb_; ++i)
+      if (codes[i] < 0 || codes[i] >= bins_) throw Error("mimi decode: code out of range");
+    std::copy_n(slots, n, h_ids_.get());
+    std::copy_n(codes, static_cast<size_t>(n) * ncb_, h_codes_in_.get());
+    replay(dec_graphs_, n, [&] {
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_ids_.get(), h_ids_.get(), n * sizeof(int), cudaMemcpyHostToDevice, s_));
+      PPX_CUDA_CHECK(cudaMemcpyAsync(d_codes_in_.get(), h_codes_in_.get(),
+                                     static_cast<size_t>(n) * ncb_ * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+      mimi_.decode_batch(d_ids_.get(), n, d_codes_in_.get(), d_pcm_out_.get(), s_);
+      PPX_CUDA_CHECK(cudaMemcpyAsync(h_pcm_out_.get(), d_pcm_out_.get(), static_cast<size_t>(n) * fs_ * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s_));
+    });
+    std::copy_n(h_pcm_out_.get(), static_cast<size_t>(n) * fs_, pcm);
+  }
+
+ private:
+  void check(const int* slots, int n) const {
+    if (n < 1 || n > slots_) throw Error("codec batch of " + std::to_string(n) + " (1 .. " + std::to_string(slots_) + ")");
+    for (int i = 0; i < n; ++i)
+      if (slots[i] < 0 || slots[i] >= slots_) throw Error("codec slot " + std::to_string(slots[i]) + " out of range");
+  }
+  // Runs the graph of batch size n (capturing `body` into it the first time), then waits for it.
+  template <typename F>
+  void replay(std::vector<cudaGraphExec_t>& graphs, int n, F&& body) {
+    cudaGraphExec_t& g = graphs[static_cast<size_t>(n)];
+    if (!g) g = cuda::capture_graph(s_, body);
+    PPX_CUDA_CHECK(cudaGraphLaunch(g, s_));
+    PPX_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+
+  cuda::CudaMimi& mimi_;
+  int slots_, bins_, device_;
+  size_t fs_, ncb_;
+  cudaStream_t s_ = nullptr;
+  std::vector<cudaGraphExec_t> enc_graphs_, dec_graphs_;  // by batch size
+  cuda::DeviceBuffer<int> d_ids_;
+  cuda::DeviceBuffer<float> d_pcm_in_, d_pcm_out_;
+  cuda::DeviceBuffer<int32_t> d_codes_in_, d_codes_out_;
+  cuda::PinnedBuffer<int> h_ids_;
   cuda::PinnedBuffer<float> h_pcm_in_, h_pcm_out_;
   cuda::PinnedBuffer<int32_t> h_codes_in_, h_codes_out_;
 };
@@ -166,6 +269,9 @@ class CudaBackend : public ModelBackend {
     if (slot < 0 || slot >= slots_)
       throw Error("codec slot " + std::to_string(slot) + " out of range");
     return std::make_unique<CudaCodecStream>(mimi_, slot, bins_);
+  }
+  std::unique_ptr<CodecBatch> codec_batch(int slots) override {
+    return std::make_unique<CudaCodecBatch>(mimi_, slots, bins_, device_index_);
   }
   std::unique_ptr<LmStepper> lm_stepper(const LmGenConfig& gen, uint64_t seed,
                                         int dep_steps) override {

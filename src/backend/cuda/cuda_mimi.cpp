@@ -147,6 +147,8 @@ struct CudaMimi::Impl {
   void finalize(Direction& d);
   void run_convs(const Direction& d, const km::Batch& bt, const float* user_in, float* user_out, cudaStream_t s) const;
   void run_transformer(const Direction& d, const km::Batch& bt, cudaStream_t s) const;
+  void encode(const km::Batch& bt, const float* d_pcm, int32_t* d_codes, cudaStream_t s) const;
+  void decode(const km::Batch& bt, const int32_t* d_codes, float* d_pcm, cudaStream_t s) const;
 };
 
 namespace {
@@ -480,55 +482,76 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
   }
 }
 
-void CudaMimi::encode(int slot, const float* d_pcm, int32_t* d_codes, cudaStream_t s) {
-  Impl& m = *p_;
-  check_slot(slot, m.slots);
-  const km::PdlScope pdl(m.pdl);
-  const km::Batch bt{m.slot_ids.get() + slot, 1};
-  m.run_convs(m.enc, bt, d_pcm, nullptr, s);
-  m.run_transformer(m.enc, bt, s);
-  if (m.down.gemv) {
-    km::conv_gemv(m.down.p, bt, s);
+void CudaMimi::Impl::encode(const km::Batch& bt, const float* d_pcm, int32_t* d_codes, cudaStream_t s) const {
+  const km::PdlScope scope(pdl);
+  run_convs(enc, bt, d_pcm, nullptr, s);
+  run_transformer(enc, bt, s);
+  if (down.gemv) {
+    km::conv_gemv(down.p, bt, s);
   } else {
-    km::conv_direct(m.down.p, bt, s);
+    km::conv_direct(down.p, bt, s);
   }
-  const QuantizerConfig& q = m.c.quantizer;
-  const int ncb = m.c.num_codebooks;
+  const QuantizerConfig& q = c.quantizer;
+  const int ncb = c.num_codebooks;
   km::RvqEncodeParams rp;
-  rp.proj = m.proj, rp.books = m.books, rp.norms = m.norms;
+  rp.proj = proj, rp.books = books, rp.norms = norms;
   rp.in_dim = q.input_dimension, rp.dim = q.dimension, rp.bins = q.bins, rp.ncb = ncb;
-  rp.z = act_of(m.z, m.enc.acts.get(), m.enc.act_layout.floats);
-  rp.resid = m.enc.acts.get() + m.resid.off;
-  rp.resid_stride = static_cast<long long>(m.enc.act_layout.floats);
-  rp.state = m.ints.get() + 4, rp.state_stride = m.ints_stride;
-  rp.cells = m.cells.get(), rp.cells_stride = ncb;
+  rp.z = act_of(z, enc.acts.get(), enc.act_layout.floats);
+  rp.resid = enc.acts.get() + resid.off;
+  rp.resid_stride = static_cast<long long>(enc.act_layout.floats);
+  rp.state = ints.get() + 4, rp.state_stride = ints_stride;
+  rp.cells = cells.get(), rp.cells_stride = ncb;
   rp.codes_out = d_codes;
-  rp.advance = m.enc.frame;
+  rp.advance = enc.frame;
   km::rvq_project(rp, bt, s);
   km::rvq_search(rp, 0, std::min(2, ncb), ncb <= 2, bt, s);
   for (int k = 2; k < ncb; ++k) km::rvq_search(rp, k, 1, k == ncb - 1, bt, s);
   PPX_CUDA_CHECK(cudaGetLastError());
 }
 
-void CudaMimi::decode(int slot, const int32_t* d_codes, float* d_pcm, cudaStream_t s) {
-  Impl& m = *p_;
-  check_slot(slot, m.slots);
-  const km::PdlScope pdl(m.pdl);
-  const km::Batch bt{m.slot_ids.get() + slot, 1};
-  const QuantizerConfig& q = m.c.quantizer;
+void CudaMimi::Impl::decode(const km::Batch& bt, const int32_t* d_codes, float* d_pcm, cudaStream_t s) const {
+  const km::PdlScope scope(pdl);
+  const QuantizerConfig& q = c.quantizer;
   km::RvqDecodeParams rp;
   rp.codes = d_codes;
-  rp.books = m.books, rp.dim = q.dimension, rp.bins = q.bins, rp.ncb = m.c.num_codebooks;
-  rp.out_dim = q.output_dimension, rp.out_first = m.out_first, rp.out_rest = m.out_rest;
-  rp.up_w = m.up_w, rp.stride = m.tokens;
-  rp.zprev = m.dec.state.get() + m.zprev_off;
-  rp.zprev_stride = static_cast<long long>(m.dec.state_layout.floats);
-  rp.frame = m.dec.frame;
-  rp.y = act_of(m.dec.x, m.dec.acts.get(), m.dec.act_layout.floats);
+  rp.books = books, rp.dim = q.dimension, rp.bins = q.bins, rp.ncb = c.num_codebooks;
+  rp.out_dim = q.output_dimension, rp.out_first = out_first, rp.out_rest = out_rest;
+  rp.up_w = up_w, rp.stride = tokens;
+  rp.zprev = dec.state.get() + zprev_off;
+  rp.zprev_stride = static_cast<long long>(dec.state_layout.floats);
+  rp.frame = dec.frame;
+  rp.y = act_of(dec.x, dec.acts.get(), dec.act_layout.floats);
   km::rvq_decode_upsample(rp, bt, s);
-  m.run_transformer(m.dec, bt, s);
-  m.run_convs(m.dec, bt, nullptr, d_pcm, s);
+  run_transformer(dec, bt, s);
+  run_convs(dec, bt, nullptr, d_pcm, s);
   PPX_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaMimi::encode(int slot, const float* d_pcm, int32_t* d_codes, cudaStream_t s) {
+  check_slot(slot, p_->slots);
+  p_->encode(km::Batch{p_->slot_ids.get() + slot, 1}, d_pcm, d_codes, s);
+}
+
+void CudaMimi::decode(int slot, const int32_t* d_codes, float* d_pcm, cudaStream_t s) {
+  check_slot(slot, p_->slots);
+  p_->decode(km::Batch{p_->slot_ids.get() + slot, 1}, d_codes, d_pcm, s);
+}
+
+namespace {
+void check_batch(const int* d_slots, int n, int slots) {
+  if (d_slots == nullptr || n < 1 || n > slots)
+    throw Error("CudaMimi: a batch of " + std::to_string(n) + " slots (1 .. " + std::to_string(slots) + " allowed)");
+}
+}  // namespace
+
+void CudaMimi::encode_batch(const int* d_slots, int n, const float* d_pcm, int32_t* d_codes, cudaStream_t s) {
+  check_batch(d_slots, n, p_->slots);
+  p_->encode(km::Batch{d_slots, n}, d_pcm, d_codes, s);
+}
+
+void CudaMimi::decode_batch(const int* d_slots, int n, const int32_t* d_codes, float* d_pcm, cudaStream_t s) {
+  check_batch(d_slots, n, p_->slots);
+  p_->decode(km::Batch{d_slots, n}, d_codes, d_pcm, s);
 }
 
 }  // namespace ppx::cuda

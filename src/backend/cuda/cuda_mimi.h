@@ -52,6 +52,13 @@ class CudaMimi {
   // [frame_samples] f32, not clamped.
   void decode(int slot, const int32_t* d_codes, float* d_pcm, cudaStream_t s);
 
+  // The same for n slots in one launch sequence (one kernel per layer for all of them, each slot's
+  // rows computed exactly as alone): d_slots device [n] distinct slot ids; row i of d_pcm
+  // ([n][frame_samples]) and d_codes ([n][num_codebooks]) belongs to d_slots[i]. The ids are read
+  // on the device, so they must stay valid until the work is done. 1 <= n <= slots().
+  void encode_batch(const int* d_slots, int n, const float* d_pcm, int32_t* d_codes, cudaStream_t s);
+  void decode_batch(const int* d_slots, int n, const int32_t* d_codes, float* d_pcm, cudaStream_t s);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;

@@ -1,0 +1,180 @@
+#include "engine/codec_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "ppx/error.h"
+
+namespace ppx {
+
+// A session's view of the scheduler: a CodecStream whose calls are jobs of its slot.
+class CodecScheduler::SlotCodec : public CodecStream {
+ public:
+  SlotCodec(CodecScheduler& s, int slot) : s_(s), slot_(slot) {}
+  int frame_samples() const override { return s_.fs_; }
+  int num_codebooks() const override { return s_.ncb_; }
+  int codebook_size() const override { return s_.bins_; }
+  void reset() override {
+    Job j;
+    j.kind = Kind::kReset;
+    j.slot = slot_;
+    s_.queue_.submit(j);
+  }
+  void encode(const float* pcm, int32_t* codes) override {
+    Job j;
+    j.kind = Kind::kEncode;
+    j.slot = slot_;
+    j.pcm_in = pcm;
+    j.codes_out = codes;
+    s_.queue_.submit(j);
+  }
+  void decode(const int32_t* codes, float* pcm) override {
+    Job j;
+    j.kind = Kind::kDecode;
+    j.slot = slot_;
+    j.codes_in = codes;
+    j.pcm_out = pcm;
+    s_.queue_.submit(j);
+  }
+
+ private:
+  CodecScheduler& s_;
+  int slot_;
+};
+
+CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass)
+    : batch_(std::move(batch)), on_pass_(std::move(on_pass)) {
+  if (!batch_) throw Error("CodecScheduler: no codec batch");
+  slots_ = batch_->slots();
+  fs_ = batch_->frame_samples();
+  ncb_ = batch_->num_codebooks();
+  bins_ = batch_->codebook_size();
+  thread_ = std::thread([this] { loop(); });
+}
+
+CodecScheduler::~CodecScheduler() {
+  queue_.stop();
+  thread_.join();
+}
+
+std::unique_ptr<CodecStream> CodecScheduler::open(int slot) {
+  if (slot < 0 || slot >= slots_) throw Error("codec slot " + std::to_string(slot) + " out of range");
+  auto s = std::make_unique<SlotCodec>(*this, slot);
+  s->reset();
+  return s;
+}
+
+CodecScheduler::Totals CodecScheduler::totals() {
+  return queue_.locked([&] { return totals_; });
+}
+
+void CodecScheduler::run(Kind kind, const std::vector<Job*>& jobs) {
+  if (jobs.empty()) return;
+  const int n = static_cast<int>(jobs.size());
+  ids_.resize(jobs.size());
+  for (int i = 0; i < n; ++i) ids_[static_cast<size_t>(i)] = jobs[static_cast<size_t>(i)]->slot;
+  const size_t f = static_cast<size_t>(fs_), c = static_cast<size_t>(ncb_);
+  pcm_.resize(jobs.size() * f);
+  codes_.resize(jobs.size() * c);
+  try {
+    if (kind == Kind::kEncode) {
+      for (int i = 0; i < n; ++i) std::copy_n(jobs[static_cast<size_t>(i)]->pcm_in, f, pcm_.data() + i * f);
+      batch_->encode(ids_.data(), n, pcm_.data(), codes_.data());
+      for (int i = 0; i < n; ++i) std::copy_n(codes_.data() + i * c, c, jobs[static_cast<size_t>(i)]->codes_out);
+    } else {
+      for (int i = 0; i < n; ++i) std::copy_n(jobs[static_cast<size_t>(i)]->codes_in, c, codes_.data() + i * c);
+      batch_->decode(ids_.data(), n, codes_.data(), pcm_.data());
+      for (int i = 0; i < n; ++i) std::copy_n(pcm_.data() + i * f, f, jobs[static_cast<size_t>(i)]->pcm_out);
+    }
+  } catch (...) {
+    for (Job* j : jobs) j->error = std::current_exception();
+  }
+}
+
+void CodecScheduler::loop() {
+  // A thread that cannot use the device fails every job with that error, so sessions see why.
+  std::exception_ptr attach_error;
+  try {
+    batch_->attach_thread();
+  } catch (...) {
+    attach_error = std::current_exception();
+  }
+  std::vector<Job*> jobs, enc, dec, later, finished;
+  std::vector<char> enc_busy(static_cast<size_t>(slots_), 0), dec_busy(static_cast<size_t>(slots_), 0);
+  while (queue_.take(jobs)) {
+    enc.clear();
+    dec.clear();
+    later.clear();
+    finished.clear();
+    // Resets first, in the order asked; then one batched encode and one batched decode. A slot
+    // appears at most once per batched call (a second job of it waits for the next pass; a
+    // session's calls block, so only a misbehaving caller gets here).
+    for (Job* j : jobs) {
+      if (attach_error) {
+        j->error = attach_error;
+        finished.push_back(j);
+        continue;
+      }
+      if (j->slot < 0 || j->slot >= slots_) {
+        j->error = std::make_exception_ptr(Error("codec slot " + std::to_string(j->slot) + " out of range"));
+        finished.push_back(j);
+        continue;
+      }
+      const size_t s = static_cast<size_t>(j->slot);
+      if (j->kind == Kind::kReset) {
+        if (enc_busy[s] || dec_busy[s]) {
+          later.push_back(j);  // after this pass's frame of the slot, as asked
+          continue;
+        }
+        try {
+          batch_->reset(j->slot);
+        } catch (...) {
+          j->error = std::current_exception();
+        }
+        finished.push_back(j);
+        continue;
+      }
+      if (j->kind == Kind::kDecode &&
+          !std::all_of(j->codes_in, j->codes_in + ncb_, [&](int32_t c) { return c >= 0 && c < bins_; })) {
+        // Only this session's call fails: a batched call would fail every session in it.
+        j->error = std::make_exception_ptr(Error("mimi decode: a code is outside [0, " + std::to_string(bins_) + ")"));
+        finished.push_back(j);
+        continue;
+      }
+      std::vector<char>& busy = j->kind == Kind::kEncode ? enc_busy : dec_busy;
+      if (busy[s]) {
+        later.push_back(j);
+        continue;
+      }
+      busy[s] = 1;
+      (j->kind == Kind::kEncode ? enc : dec).push_back(j);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    run(Kind::kEncode, enc);
+    run(Kind::kDecode, dec);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (Job* j : enc) enc_busy[static_cast<size_t>(j->slot)] = 0;
+    for (Job* j : dec) dec_busy[static_cast<size_t>(j->slot)] = 0;
+    finished.insert(finished.end(), enc.begin(), enc.end());
+    finished.insert(finished.end(), dec.begin(), dec.end());
+    const int ne = static_cast<int>(enc.size()), nd = static_cast<int>(dec.size());
+    queue_.finish(finished, later, [&](size_t) {
+      if (ne + nd == 0) return;
+      ++totals_.passes;
+      totals_.encodes += ne;
+      totals_.decodes += nd;
+      totals_.max_encodes = std::max(totals_.max_encodes, ne);
+      totals_.max_decodes = std::max(totals_.max_decodes, nd);
+    });
+    if (ne + nd > 0 && on_pass_) {
+      try {
+        on_pass_(PassInfo{ne, nd, ms});
+      } catch (...) {
+        // Metrics must not stop the scheduler.
+      }
+    }
+  }
+}
+
+}  // namespace ppx

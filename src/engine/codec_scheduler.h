@@ -1,0 +1,80 @@
+// The codec scheduler: one thread that owns every session's codec state (a CodecBatch) and runs,
+// per pass, one batched encode for every session with a frame of audio to encode and one batched
+// decode for every session with codes to decode. On CUDA that is ~65 kernel launches per direction
+// for all sessions together instead of per session, on the scheduler's own stream, so the codec of
+// the next frames overlaps the LM's batch step (scheduler.h) on the other.
+//
+// Sessions reach it through the CodecStream that open() returns: its encode()/decode() hand the
+// frame to the scheduler and block until the pass that carries it is done, so a session has at
+// most one codec call in flight. reset() goes through the same queue.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/job_queue.h"
+#include "ppx/codec_batch.h"
+#include "ppx/conversation.h"
+
+namespace ppx {
+
+class CodecScheduler {
+ public:
+  // What one pass did, for metrics (called on the scheduler thread after each pass with work).
+  struct PassInfo {
+    int encodes = 0, decodes = 0;  // sessions in the pass's batched encode and decode
+    double ms = 0;                 // wall time of the pass
+  };
+  using PassObserver = std::function<void(const PassInfo&)>;
+
+  explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {});
+  ~CodecScheduler();  // serves what is queued, then stops
+  CodecScheduler(const CodecScheduler&) = delete;
+  CodecScheduler& operator=(const CodecScheduler&) = delete;
+
+  int slots() const { return slots_; }
+  // The codec stream of the session in `slot`, reset (a first frame next). One stream per slot at
+  // a time: the caller (the server's slot allocator) guarantees it.
+  std::unique_ptr<CodecStream> open(int slot);
+
+  struct Totals {
+    int64_t passes = 0;              // passes with an encode or a decode
+    int64_t encodes = 0, decodes = 0;  // session frames in them
+    int max_encodes = 0, max_decodes = 0;
+  };
+  Totals totals();
+
+ private:
+  class SlotCodec;
+  enum class Kind { kEncode, kDecode, kReset };
+  struct Job {
+    Kind kind = Kind::kEncode;
+    int slot = 0;
+    const float* pcm_in = nullptr;
+    int32_t* codes_out = nullptr;
+    const int32_t* codes_in = nullptr;
+    float* pcm_out = nullptr;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  void loop();
+  // One batched call for `jobs` (all of one kind, distinct slots); failures fail them all.
+  void run(Kind kind, const std::vector<Job*>& jobs);
+
+  std::unique_ptr<CodecBatch> batch_;
+  PassObserver on_pass_;
+  int slots_ = 0, fs_ = 0, ncb_ = 0, bins_ = 0;
+  JobQueue<Job> queue_{"codec scheduler"};
+  Totals totals_;  // under the queue's lock
+  // Scheduler thread only: the rows of the batched calls.
+  std::vector<int> ids_;
+  std::vector<float> pcm_;
+  std::vector<int32_t> codes_;
+  std::thread thread_;
+};
+
+}  // namespace ppx

@@ -1,0 +1,88 @@
+// Jobs from many threads to one worker thread, the shape both frame schedulers share
+// (scheduler.h for the LM, codec_scheduler.h for the codec): a caller's submit() queues a job it
+// owns and blocks until the worker has run it; the worker takes everything queued at once, runs
+// it as one pass, and marks it done (or puts some back at the front for the next pass).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "ppx/error.h"
+
+namespace ppx {
+
+// Job: any type with `bool done` and `std::exception_ptr error`.
+template <typename Job>
+class JobQueue {
+ public:
+  explicit JobQueue(const char* name) : name_(name) {}
+
+  // Caller side: queues `j`, waits until the worker marked it done, rethrows its error.
+  void submit(Job& j) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (stopping_) throw Error(std::string("the ") + name_ + " has stopped");
+      pending_.push_back(&j);
+      work_cv_.notify_one();
+      done_cv_.wait(lk, [&] { return j.done; });
+    }
+    if (j.error) std::rethrow_exception(j.error);
+  }
+
+  // Worker side: waits for jobs and moves all of them into `out` (emptied first). False once
+  // stop() was called and nothing is queued.
+  bool take(std::vector<Job*>& out) {
+    out.clear();
+    std::unique_lock<std::mutex> lk(mu_);
+    work_cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) return false;
+    out.swap(pending_);
+    return true;
+  }
+
+  // Worker side: marks `finished` done and puts `requeue` back at the front of the queue (they
+  // run in the next pass, before newer jobs). `under_lock` runs while the queue is locked with the
+  // number of jobs now queued (for the scheduler's own totals). Returns that number.
+  size_t finish(const std::vector<Job*>& finished, const std::vector<Job*>& requeue,
+                const std::function<void(size_t)>& under_lock = {}) {
+    size_t waiting = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (Job* j : finished) j->done = true;
+      pending_.insert(pending_.begin(), requeue.begin(), requeue.end());
+      waiting = pending_.size();
+      if (under_lock) under_lock(waiting);
+    }
+    done_cv_.notify_all();
+    return waiting;
+  }
+
+  // Runs `f` under the queue's lock (for state the worker and callers share).
+  template <typename F>
+  auto locked(F&& f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return f();
+  }
+
+  // No more submissions; the worker's take() drains what is queued, then returns false.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stopping_ = true;
+    }
+    work_cv_.notify_all();
+  }
+
+ private:
+  const char* name_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Job*> pending_;
+  bool stopping_ = false;
+};
+
+}  // namespace ppx
