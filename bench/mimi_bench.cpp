@@ -3,8 +3,13 @@
 // graph replays timed with CUDA events), with random full-size weights by default. Writes JSON with
 // machine, commit, command. Warm-up frames are excluded.
 //
+//
+// --batch N1 N2 ... (CUDA): the batched codec the server's codec scheduler runs: one CudaMimi with
+// max(N) slots, and per N the batched encode and decode of N slots (encode_batch/decode_batch, each
+// captured once in a graph), timed per pass and reported per row as well.
+//
 //   personaplex-bench-mimi [--config configs/personaplex-7b.json] [--mimi W] [--frames N]
-//                          [--warmup N] [--device cpu|cuda] [--out bench/results/x.json]
+//                          [--warmup N] [--device cpu|cuda] [--batch N1 N2 ...] [--out bench/results/x.json]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -89,6 +94,81 @@ std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmu
   cudaStreamDestroy(s);
   return device_description();
 }
+
+// --batch: per batch size, graph replays of one batched encode and one batched decode per frame.
+nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames,
+                                          const std::vector<int>& sizes) {
+  using namespace ppx::cuda;
+  if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
+  const int max_n = *std::max_element(sizes.begin(), sizes.end());
+  CudaMimi mimi(c, w, max_n);
+  const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
+  cudaStream_t s;
+  PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DeviceBuffer<int> ids(max_n);
+  std::vector<int> h_ids(max_n);
+  for (int i = 0; i < max_n; ++i) h_ids[i] = i;
+  ids.upload(h_ids.data(), h_ids.size(), s);
+  DeviceBuffer<float> d_pcm(static_cast<size_t>(max_n) * fs), d_out(static_cast<size_t>(max_n) * fs);
+  DeviceBuffer<int32_t> d_codes(static_cast<size_t>(max_n) * nq);
+  std::vector<float> pcm(static_cast<size_t>(max_n) * fs), one(fs);
+  cudaEvent_t e0, e1, e2;
+  PPX_CUDA_CHECK(cudaEventCreate(&e0));
+  PPX_CUDA_CHECK(cudaEventCreate(&e1));
+  PPX_CUDA_CHECK(cudaEventCreate(&e2));
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  for (const int n : sizes) {
+    for (int i = 0; i < n; ++i) {
+      mimi.reset_encoder(i, s);
+      mimi.reset_decoder(i, s);
+    }
+    const cudaGraphExec_t ge = capture_graph(s, [&] { mimi.encode_batch(ids.get(), n, d_pcm.get(), d_codes.get(), s); });
+    const cudaGraphExec_t gd = capture_graph(s, [&] { mimi.decode_batch(ids.get(), n, d_codes.get(), d_out.get(), s); });
+    std::vector<double> enc, dec;
+    for (int f = 0; f < warmup + frames; ++f) {
+      for (int i = 0; i < n; ++i) {
+        fill_frame(one, f + 7 * i);
+        std::copy(one.begin(), one.end(), pcm.begin() + static_cast<size_t>(i) * fs);
+      }
+      d_pcm.upload(pcm.data(), static_cast<size_t>(n) * fs, s);
+      PPX_CUDA_CHECK(cudaEventRecord(e0, s));
+      PPX_CUDA_CHECK(cudaGraphLaunch(ge, s));
+      PPX_CUDA_CHECK(cudaEventRecord(e1, s));
+      PPX_CUDA_CHECK(cudaGraphLaunch(gd, s));
+      PPX_CUDA_CHECK(cudaEventRecord(e2, s));
+      PPX_CUDA_CHECK(cudaEventSynchronize(e2));
+      float a = 0.f, b = 0.f;
+      PPX_CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+      PPX_CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+      if (f >= warmup) {
+        enc.push_back(a);
+        dec.push_back(b);
+      }
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphExecDestroy(gd);
+    nlohmann::ordered_json r;
+    r["batch"] = n;
+    r["encode_ms"] = ppx::app::latency_stats(enc);
+    r["decode_ms"] = ppx::app::latency_stats(dec);
+    const double ep = r["encode_ms"]["p50"].get<double>(), dp = r["decode_ms"]["p50"].get<double>();
+    r["encode_us_per_row_p50"] = 1000.0 * ep / n;
+    r["decode_us_per_row_p50"] = 1000.0 * dp / n;
+    // Sessions whose encode + decode fit in one 80 ms frame at this batch's cost per row.
+    r["rows_per_frame_p50"] = (1000.0 / c.frame_rate) / ((ep + dp) / n);
+    std::fprintf(stderr, "batch %4d: encode p50 %8.3f ms (%7.1f us/row), decode p50 %8.3f ms (%7.1f us/row)\n", n, ep,
+                 1000.0 * ep / n, dp, 1000.0 * dp / n);
+    runs.push_back(r);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaEventDestroy(e2);
+  cudaStreamDestroy(s);
+  nlohmann::ordered_json j;
+  j["gpu"] = device_description();
+  j["batches"] = runs;
+  return j;
+}
 #endif
 
 int bench(int argc, char** argv) {
@@ -104,6 +184,10 @@ int bench(int argc, char** argv) {
   std::string device = "cpu";
   app.add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--out", out, "write the JSON result here too");
+  std::vector<int> batch_sizes;
+  app.add_option("--batch", batch_sizes, "with --device cuda: time the batched encode and decode of this many slots")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,6 +199,24 @@ int bench(int argc, char** argv) {
     w = std::make_unique<ppx::RandomWeights>(seed);
   } else {
     w = std::make_unique<ppx::FileWeights>(std::make_shared<const ppx::SafeTensors>(weights));
+  }
+  if (!batch_sizes.empty()) {
+    if (device != "cuda") throw ppx::Error("--batch needs --device cuda");
+#ifdef PPX_HAVE_CUDA
+    nlohmann::ordered_json j;
+    j["bench"] = "mimi_cuda_fp32_batched";
+    j["config"] = config;
+    j["weights"] = weights.empty() ? "random" : weights;
+    j["frames"] = frames;
+    j["warmup"] = warmup;
+    j.update(bench_cuda_batches(cfg.mimi, *w, warmup, frames, batch_sizes));
+    j["machine"] = ppx::app::machine_info();
+    j["command"] = ppx::app::command_line(argc, argv);
+    ppx::app::emit_json(j, out);
+    return 0;
+#else
+    throw ppx::Error("--device cuda: this build has no CUDA backend (configure with -DPPX_CUDA=ON)");
+#endif
   }
   double load_ms = 0;
   std::vector<double> enc, dec;

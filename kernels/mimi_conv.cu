@@ -12,6 +12,7 @@
 //   that its 4 channels are one LDS.128. Weight loads are double-buffered in registers and the first
 //   batch is issued before waiting on the previous kernel (PDL). Partial sums of the ksplit warps
 //   are added in shared memory in a fixed order, so results are deterministic.
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -174,9 +175,12 @@ __global__ void __launch_bounds__(32 * kMaxSplit) conv_direct_kernel(ConvParams 
   if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x * gridDim.y);
 }
 
-// grid (ceil(cout / rows), B) with rows = kGemvWarps / ksplit output channels per block, block
-// 32 * kGemvWarps, dynamic smem conv_gemv_smem_bytes(). The ksplit warps of a channel take
-// interleaved shares of its reduction and are summed in shared memory in a fixed order.
+// grid (G, B) with G <= ceil(cout / rows) and rows = kGemvWarps / ksplit output channels per block
+// and group, block 32 * kGemvWarps, dynamic smem conv_gemv_smem_bytes(). Block x stages its batch
+// row's x' once and computes channel groups x, x + G, ...: alone G covers every group once (the
+// lowest latency); batched, fewer blocks per row stage x' fewer times. The ksplit warps of a
+// channel take interleaved shares of its reduction and are summed in shared memory in a fixed
+// order, so a channel's result does not depend on G.
 // x' is staged transposed, [L][cin + 4], so a lane reads its 4 input channels with one LDS.128.
 template <int TN>
 __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p, Batch batch, int ksplit) {
@@ -185,10 +189,12 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int cin = p.cin, K = p.kernel, S = p.stride;
   const int warp = tid >> 5, lane = tid & 31, warps = nthreads >> 5;
-  const int o = blockIdx.x * (warps / ksplit) + warp / ksplit, slice = warp % ksplit;
+  const int per_group = warps / ksplit, groups = (p.cout + per_group - 1) / per_group;
+  int o = blockIdx.x * per_group + warp / ksplit;
+  const int slice = warp % ksplit;
   const int G = 32 / K, GT = G * ksplit, nb = cin / 4;
   const int g = lane / K, j = lane - g * K, gi = slice * G + g;
-  const bool active = o < p.cout && g < G;
+  bool active = o < p.cout && g < G;
   const float4* w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(active ? o : 0) * nb * K + j;
   auto load_batch = [&](float4* wv, int ib0) {
 #pragma unroll
@@ -230,6 +236,17 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
   const int nv = p.transposed ? p.t_in : p.t_in / S;
   const int col0 = p.transposed ? (j >= S ? 0 : 1) : j;
   const int nstride = (p.transposed ? 1 : S) * ldx;
+  float* red = xs + L * ldx;
+  for (int grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+  if (grp != static_cast<int>(blockIdx.x)) {
+    // The next channel group: its weights (the first group's were loaded before pdl_wait), after
+    // every warp is done reading red for the previous one.
+    o = grp * per_group + warp / ksplit;
+    active = o < p.cout && g < G;
+    w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(active ? o : 0) * nb * K + j;
+    load_batch(wv, gi);
+    __syncthreads();
+  }
   float acc[TN];
 #pragma unroll
   for (int n = 0; n < TN; ++n) acc[n] = 0.f;
@@ -261,7 +278,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
     }
   }
 
-  float* red = xs + L * ldx;
   const int lead = warp - slice;  // first warp of this output channel
   if (!p.transposed) {
     // red [warps][TN]: per-warp sums; the channel's outputs add its ksplit warps in order.
@@ -297,6 +313,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
       }
     }
   }
+  }
   if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x);
 }
 
@@ -319,7 +336,18 @@ int gemv_ksplit(const ConvParams& p) {
 template <int TN>
 void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
   const int ks = gemv_ksplit(p), rows = kGemvWarps / ks;
-  const dim3 grid((p.cout + rows - 1) / rows, batch.count);
+  const int groups = (p.cout + rows - 1) / rows;
+  // Alone: one block per channel group. Batched: about 4 blocks per SM in all (at least 1 per row),
+  // so each row's x' is staged a few times instead of once per group.
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
+               ? n
+               : 132;
+  }();
+  const int per_row = batch.count <= 1 ? groups : std::max(1, std::min(groups, 4 * sms / batch.count));
+  const dim3 grid(per_row, batch.count);
   launch(conv_gemv_kernel<TN>, grid, dim3(32 * kGemvWarps), conv_gemv_smem_bytes(p), s, p, batch, ks);
 }
 
