@@ -43,31 +43,44 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 16 * kWarps;  // weight rows per tile
 constexpr int kRowBytes = 128;          // bytes of a weight row per k-tile
-constexpr int kRowPitch = kRowBytes + 16;
 constexpr int kStages = 4;
-constexpr int kStageBytes = kTileRows * kRowPitch;
+// Activation rows in shared memory are padded by 32 elements (16 words), so that the 8 lanes of a
+// quarter warp (g = 0, 1; t = 0..3) read 16-byte fragments from 32 distinct banks (the row pitch in
+// words is 16 mod 32 for every slice length, a multiple of 64 elements).
+constexpr int kXPad = 32;
 constexpr int kMaxNt = 8;       // batch tiles of 8: B <= 64 per launch
 constexpr int kMaxSlice = 1024;  // K columns of a block's activation slice
 constexpr int kSmemLimit = 227 * 1024;
 
 template <typename WT>
 struct Fmt;
+// kPitch: bytes per weight row of a stage. int8: a lane reads 8 bytes of rows g and g + 8; 160
+// bytes (8 words mod 32) puts the 16 lanes of a half warp on 32 distinct banks. bf16: 16-byte
+// reads, 144 bytes (the 16 words mod 32 that would avoid every conflict do not fit beside the
+// largest activation slice).
 template <>
 struct Fmt<__nv_bfloat16> {
   using X = __nv_bfloat16;  // activation type in shared memory
   static constexpr int kKt = kRowBytes / 2;  // k per tile
+  static constexpr int kPitch = kRowBytes + 16;
 };
 template <>
 struct Fmt<int8_t> {
   using X = __half;
   static constexpr int kKt = kRowBytes;
+  static constexpr int kPitch = kRowBytes + 32;
 };
+template <typename WT>
+constexpr int kStageBytes = kTileRows * Fmt<WT>::kPitch;
 
+template <typename WT>
 constexpr size_t smem_bytes(int nt, int ks) {
-  return static_cast<size_t>(kStages) * kStageBytes + static_cast<size_t>(nt) * 8 * (ks + 8) * 2 +
+  return static_cast<size_t>(kStages) * kStageBytes<WT> + static_cast<size_t>(nt) * 8 * (ks + kXPad) * 2 +
          static_cast<size_t>(nt) * 8 * sizeof(float);
 }
-static_assert(smem_bytes(kMaxNt, kMaxSlice) <= kSmemLimit, "the largest block must fit in an SM's shared memory");
+static_assert(smem_bytes<int8_t>(kMaxNt, kMaxSlice) <= kSmemLimit &&
+                  smem_bytes<__nv_bfloat16>(kMaxNt, kMaxSlice) <= kSmemLimit,
+              "the largest block must fit in an SM's shared memory");
 
 __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, __nv_bfloat16) {
   asm volatile(
@@ -125,8 +138,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
   constexpr bool kI8 = std::is_same_v<WT, int8_t>;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* wtiles = smem;
-  XT* xs = reinterpret_cast<XT*>(smem + kStages * kStageBytes);
-  const int xpitch = ks_len + 8;  // elements; the +8 staggers rows across banks
+  constexpr int kRowPitch = Fmt<WT>::kPitch;
+  XT* xs = reinterpret_cast<XT*>(smem + kStages * kStageBytes<WT>);
+  const int xpitch = ks_len + kXPad;  // elements (see kXPad)
   float* xscale = reinterpret_cast<float*>(xs + NT * 8 * xpitch);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -143,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
   auto issue = [&](int it) {
     if (it < total) {
       const int tile = blockIdx.x + (it / ktiles) * gridDim.x, kt = it % ktiles;
-      unsigned char* st = wtiles + (it % kStages) * kStageBytes;
+      unsigned char* st = wtiles + (it % kStages) * kStageBytes<WT>;
 #pragma unroll
       for (int c = 0; c < kTileRows * kRowBytes / 16 / kThreads; ++c) {
         const int chunk = tid + c * kThreads, row = chunk / (kRowBytes / 16), col = chunk % (kRowBytes / 16);
@@ -220,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage it is in for every thread; stage it - 1 is free for the next issue
     issue(it + kStages - 1);
-    const unsigned char* st = wtiles + (it % kStages) * kStageBytes + (warp * 16 + g) * kRowPitch;
+    const unsigned char* st = wtiles + (it % kStages) * kStageBytes<WT> + (warp * 16 + g) * kRowPitch;
 #pragma unroll
     for (int kk = 0; kk < KT; kk += 32) {
       uint32_t a0[4], a1[4];  // rows g and g + 8
@@ -298,7 +312,7 @@ int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into
 // sm_86/89/120/121: 99 KB, sm_90/100: 227 KB); gemm_batched() then keeps slices within it.
 template <typename WT, int NT>
 void set_smem_attr() {
-  const size_t need = std::min<size_t>(smem_bytes(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
+  const size_t need = std::min<size_t>(smem_bytes<WT>(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
   if (cudaFuncSetAttribute(gemm_kernel<WT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)) !=
       cudaSuccess)
     throw std::runtime_error("lm_gemm: cannot set the shared-memory size of the GEMM kernel");
@@ -370,7 +384,10 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // The longest slice (whole k-tiles, at most kMaxSlice) whose block fits the device's shared memory
   // at the largest chunk's batch tiles; none: the chunked GEMV.
   int max_slice = kMaxSlice / KT * KT;
-  while (max_slice >= KT && smem_bytes((bmax + 7) / 8, max_slice) > static_cast<size_t>(g_smem_optin)) max_slice -= KT;
+  auto smem_of = [&](int nt, int ks_len) {
+    return a.wi8 ? smem_bytes<int8_t>(nt, ks_len) : smem_bytes<__nv_bfloat16>(nt, ks_len);
+  };
+  while (max_slice >= KT && smem_of((bmax + 7) / 8, max_slice) > static_cast<size_t>(g_smem_optin)) max_slice -= KT;
   if (max_slice < KT) return false;
   const int s_need = (a.K + max_slice - 1) / max_slice;
   const int s_ws = static_cast<int>(std::min<size_t>(a.gemm.ws_floats / (static_cast<size_t>(bmax) * a.N), kmax));
@@ -400,7 +417,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
     if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
     const int nt = (c.B + 7) / 8;
-    const size_t smem = smem_bytes(nt, ks);
+    const size_t smem = smem_of(nt, ks);
     const dim3 grid(P, S);
     const __nv_bfloat16* xc = x + static_cast<int64_t>(b0) * xs;
     if (a.wi8)
