@@ -42,7 +42,7 @@
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "apps/png_plot.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/codec_scheduler.h"
 #include "engine/scheduler.h"
 #include "ppx/conversation.h"

@@ -23,7 +23,7 @@
 
 #include "apps/common.h"
 #include "backend/cuda/cuda_lm.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
 #include "ppx/lm_gen.h"

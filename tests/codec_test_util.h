@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/codec_scheduler.h"
 #include "ppx/conversation.h"
 

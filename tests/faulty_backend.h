@@ -9,7 +9,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "ppx/error.h"
 
 namespace ppx::server_test {

@@ -26,6 +26,7 @@
 #include "apps/model_loading.h"
 #include "ppx/audio.h"
 #include "ppx/ogg_opus.h"
+#include "apps/server_model.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -268,7 +269,7 @@ class ServerTest : public ::testing::Test {
     o.static_dir = static_dir;
     o.ssl_dir = ssl_dir;
     if (tweak) tweak(o);
-    const ppx::server::ServerModel m = model ? *model : ppx::server::server_model(*model_);
+    const ppx::server::ServerModel m = model ? *model : ppx::app::server_model(*model_);
     server_ = std::make_unique<ppx::server::Server>(o, m);
     server_->start();
     port_ = server_->port();

@@ -24,6 +24,7 @@
 
 #include "apps/model_loading.h"
 #include "ppx/audio.h"
+#include "apps/server_model.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -169,7 +170,7 @@ TEST(BrowserTest, WebClientHoldsAConversation) {
   o.port = 0;
   o.voice_dir = dir + "/voices";
   o.idle_timeout_s = 10;
-  const ppx::server::ServerModel m = ppx::server::server_model(model);
+  const ppx::server::ServerModel m = ppx::app::server_model(model);
   ppx::server::Server server(o, m);
   server.start();
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/capacity.h"
+#include "ppx/capacity.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
 #include "ppx/resources.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "codec_test_util.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/codec_scheduler.h"
 #include "ppx/config.h"
 #include "ppx/error.h"

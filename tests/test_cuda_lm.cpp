@@ -12,7 +12,7 @@
 
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/golden_replay.h"
 #include "engine/scheduler.h"
 #include "lm_attention.cuh"

@@ -11,7 +11,7 @@
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
 #include "codec_test_util.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "ppx/config.h"
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/scheduler.h"
 #include "ppx/config.h"
 #include "ppx/error.h"

@@ -57,7 +57,7 @@ std::string long_prompt() {
 class FaultyServerTest : public ServerTest {
  protected:
   void start_faulty(int max_sessions, double idle_s) {
-    faulty_model_ = ppx::server::server_model(*model_);
+    faulty_model_ = ppx::app::server_model(*model_);
     faulty_model_.backend = &faulty_;
     start(max_sessions, idle_s, 2.0, "", "", {}, &faulty_model_);
   }
@@ -474,7 +474,7 @@ using namespace ppx::server_test;
 // --dep-q-exit 8 in the server: the conversation runs (the user's codebooks are always
 // provided), and /health reports the flag.
 TEST_F(ServerTest, DepQExitEightConverses) {
-  ppx::server::ServerModel m = ppx::server::server_model(*model_);
+  ppx::server::ServerModel m = ppx::app::server_model(*model_);
   m.dep_steps = 8;
   m.speed_flags = "--dep-q-exit 8";
   start(1, 3.0, 2.0, "", "", {}, &m);

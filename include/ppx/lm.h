@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu_attention.h"
 #include "ppx/config.h"
+#include "ppx/ring_kv.h"
 
 namespace ppx {
 

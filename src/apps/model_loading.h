@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "ppx/config.h"
 #include "ppx/tokenizer.h"
 

@@ -15,9 +15,10 @@
 
 #include "apps/common.h"
 #include "apps/model_loading.h"
-#include "engine/capacity.h"
+#include "ppx/capacity.h"
 #include "ppx/error.h"
 #include "server/log.h"
+#include "apps/server_model.h"
 #include "server/server.h"
 
 namespace {
@@ -85,7 +86,7 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
   } else {
     o.max_sessions_source = "default";
   }
-  const ppx::server::ServerModel sm = ppx::server::server_model(m);
+  const ppx::server::ServerModel sm = ppx::app::server_model(m);
   ppx::server::log::info("model loaded",
                          {{"model", m.description},
                           {"device", m.backend->device()},

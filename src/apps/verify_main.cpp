@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/common.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "engine/golden_replay.h"
 #include "ppx/config.h"
 #include "ppx/error.h"

@@ -1,4 +1,4 @@
-#include "engine/backend.h"
+#include "ppx/backend.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "engine/capacity.h"
+#include "ppx/capacity.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu_attention.h"
 #include "backend/cpu_ops.h"
 #include "lm/lm_weights.h"
 #include "ppx/error.h"

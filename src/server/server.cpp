@@ -595,22 +595,6 @@ int default_max_connections(int max_sessions) {
   return static_cast<int>(std::max(8L, std::min(want, fds - 32)));
 }
 
-ServerModel server_model(const app::LoadedModel& m) {
-  ServerModel sm;
-  sm.backend = m.backend.get();
-  sm.tokenizer = m.tokenizer.get();
-  if (!m.cfg.lm_gen) throw Error("the model config has no generation settings (lm_gen)");
-  sm.gen = *m.cfg.lm_gen;
-  sm.sample_rate = m.cfg.mimi.sample_rate;
-  sm.frame_samples = m.cfg.mimi.frame_samples();
-  sm.description = m.description;
-  sm.device_index = m.device_index;
-  sm.dep_steps = m.dep_steps;
-  sm.speed_flags = m.speed_flags;
-  sm.capacity = m.backend->capacity();
-  return sm;
-}
-
 Server::Server(const ServerOptions& opts, const ServerModel& model)
     : impl_(std::make_shared<Impl>()) {
   if (opts.max_sessions < 1) throw Error("--max-sessions must be at least 1");

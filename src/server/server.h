@@ -27,8 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "apps/model_loading.h"
-#include "engine/backend.h"
+#include "ppx/backend.h"
 #include "ppx/config.h"
 #include "ppx/tokenizer.h"
 
@@ -42,7 +41,7 @@ struct ServerOptions {
   std::string ssl_dir;     // non-empty: TLS with ssl_dir/cert.pem and ssl_dir/key.pem
   int max_sessions = 1;
   // Where max_sessions came from, for /health's capacity: "given" (--max-sessions), "computed"
-  // (the capacity model, src/engine/capacity.h) or "default" (the CPU backend's 1).
+  // (the capacity model, include/ppx/capacity.h) or "default" (the CPU backend's 1).
   std::string max_sessions_source = "default";
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
@@ -80,8 +79,6 @@ struct ServerModel {
   std::optional<Capacity> capacity;  // the device's capacity (ModelBackend::capacity()), for /health
 };
 
-// The parts of a loaded model (which must outlive the Server) that the server uses.
-ServerModel server_model(const app::LoadedModel& m);
 
 class Server {
  public:

@@ -10,8 +10,8 @@
 #include "backend/cuda/cuda_lm_batch.h"
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
-#include "engine/backend.h"
-#include "engine/capacity.h"
+#include "ppx/backend.h"
+#include "ppx/capacity.h"
 #include "ppx/error.h"
 
 namespace ppx {
@@ -223,7 +223,7 @@ double measure_copy_bandwidth(cudaStream_t s) {
 }
 
 // The capacity model's inputs on this device, measured after the LM loaded and before the codec
-// and the batch allocate (engine/capacity.h).
+// and the batch allocate (ppx/capacity.h).
 Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm) {
   cudaStream_t s = nullptr;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -1,5 +1,7 @@
-// A loaded model on one backend (the CPU reference or the CUDA engine), from which sessions take
-// their codec streams and LM steppers. Weights are shared by all sessions of a backend.
+// The backend interface: a loaded model on one backend (the CPU reference or the CUDA engine), from
+// which sessions take their codec streams and LM steppers, and the frame schedulers their batches
+// (ppx/lm_batch.h, ppx/codec_batch.h). Weights are shared by all sessions of a backend. The
+// implementations live with their code: src/engine/backend.cpp (CPU), src/backend/cuda (CUDA).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/capacity.h"
+#include "ppx/capacity.h"
 #include "ppx/codec_batch.h"
 #include "ppx/config.h"
 #include "ppx/conversation.h"
@@ -42,7 +44,7 @@ class ModelBackend {
   // host thread). A thread other than the one that made the backend calls it before its first
   // codec stream or stepper call; the server's session workers do.
   virtual void attach_thread() {}
-  // How many sessions this device can hold (src/engine/capacity.h), computed when the model
+  // How many sessions this device can hold (include/ppx/capacity.h), computed when the model
   // loaded: the server's default --max-sessions. nullopt where it is not modelled (the CPU
   // backend, whose default stays 1).
   virtual std::optional<Capacity> capacity() const { return std::nullopt; }
