@@ -19,6 +19,7 @@
 #   CONFIG [configs/personaplex-7b.json], DEVICE [cuda], SERVER_FLAGS [""] (added to the server)
 #   LOAD_FLAGS [""]              added to personaplex-load (e.g. --text-prompt "...")
 #   TIME_BUDGET_S [510]          a run that would end past this many seconds is skipped
+#   MAX_SESSIONS_EXTRA [0]       server slots beyond the largest count (room for LOAD_FLAGS=--churn)
 #   PPX_BIN_DIR                  take the binaries from this folder instead of unpacking devpkg
 #                                (local test: PPX_BIN_DIR=build/src CONFIG=... DEVICE=cpu)
 set -u
@@ -129,7 +130,7 @@ run_load() {
 max_of() { printf '%s\n' "$@" | sort -n | tail -n 1; }
 
 # shellcheck disable=SC2086
-if start_server fast "$(max_of $sessions)" $fast_flags; then
+if start_server fast "$(( $(max_of $sessions) + ${MAX_SESSIONS_EXTRA:-0} ))" $fast_flags; then
   for n in $sessions; do run_load fast "$n"; done
   stop_server
 fi

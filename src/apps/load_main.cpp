@@ -49,6 +49,7 @@ struct Options {
   double handshake_timeout_s = 120, drain_s = 5, budget_ms = 160;
   int tail_frames = 2;
   bool quiet = false;
+  double churn = 0;  // connect/handshake/one frame/close cycles per second beside the sessions
 };
 
 std::string url_encode(const std::string& s) {
@@ -175,6 +176,11 @@ int body(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--json", o.json_path, "write the results as JSON here");
+  app.add_option("--churn", o.churn,
+                 "beside the sessions, this many short sessions per second (connect, handshake, one "
+                 "frame, close), from when the last session has connected until the sessions end; "
+                 "reported apart (their handshake times and failures)")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_flag("--quiet", o.quiet, "no per-session table (failed sessions are still listed)");
   try {
     app.parse(argc, argv);
@@ -230,6 +236,24 @@ int body(int argc, char** argv) {
                                   std::chrono::duration<double, std::milli>(o.ramp_ms * i));
     ppx::load::start_session(ioc, so, endpoints, audio[static_cast<size_t>(i) % audio.size()], at,
                              traces[static_cast<size_t>(i)], [&live] { --live; });
+  }
+  // Churn: short sessions (one frame, then close) at o.churn per second while every session streams.
+  const int churn_n = static_cast<int>(std::floor(o.churn * o.duration_s));
+  std::vector<ppx::load::SessionTrace> churn(static_cast<size_t>(churn_n));
+  if (churn_n > 0) {
+    auto one = std::make_shared<ppx::load::EncodedStream>();
+    one->head = audio[0]->head;
+    one->tags = audio[0]->tags;
+    one->frames.assign(audio[0]->frames.begin(), audio[0]->frames.begin() + std::min<size_t>(1, audio[0]->frames.size()));
+    ppx::load::SessionOptions cso = so;
+    cso.drain_s = 2;
+    const auto t_churn = t_start + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double, std::milli>(o.ramp_ms * o.sessions));
+    for (int c = 0; c < churn_n; ++c) {
+      churn[static_cast<size_t>(c)].id = o.sessions + c;
+      const auto at = t_churn + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c / o.churn));
+      ppx::load::start_session(ioc, cso, endpoints, one, at, churn[static_cast<size_t>(c)], [] {});
+    }
   }
   std::vector<std::thread> threads;
   for (int t = 1; t < o.io_threads; ++t) threads.emplace_back([&ioc] { ioc.run(); });
@@ -294,6 +318,23 @@ int body(int argc, char** argv) {
       "max %s ms, %.1f CPU s in %.1f s\n",
       fmt_ms(hs, "p50").c_str(), fmt_ms(hs, "max").c_str(), static_cast<long long>(missed),
       fmt_ms(lag, "p99").c_str(), fmt_ms(lag, "max").c_str(), cpu_s, wall_s);
+  // The churn cycles, apart from the sessions.
+  std::vector<double> churn_hs;
+  int churn_failed = 0;
+  std::string churn_first_failure;
+  for (const auto& t : churn) {
+    const ppx::load::SessionSummary s = ppx::load::summarize(t, o.budget_ms, o.tail_frames);
+    if (s.handshake_ms >= 0) churn_hs.push_back(s.handshake_ms);
+    if (!s.failure.empty()) {
+      if (churn_failed++ == 0) churn_first_failure = s.failure;
+    }
+  }
+  const json churn_hs_stats = ppx::app::latency_stats(churn_hs);
+  if (churn_n > 0)
+    std::printf("churn: %d cycles (%.1f per second), %d failed%s; handshake ms p50 %s p99 %s max %s\n", churn_n,
+                o.churn, churn_failed, churn_failed ? (" (first: " + churn_first_failure + ")").c_str() : "",
+                fmt_ms(churn_hs_stats, "p50").c_str(), fmt_ms(churn_hs_stats, "p99").c_str(),
+                fmt_ms(churn_hs_stats, "max").c_str());
   if (lag.contains("p99") && lag["p99"].get<double>() > 20)
     std::printf(
         "warning: frames were written late (send lag p99 > 20 ms): this client was short "
@@ -323,6 +364,7 @@ int body(int argc, char** argv) {
     p["drain_s"] = o.drain_s;
     p["handshake_timeout_s"] = o.handshake_timeout_s;
     p["io_threads"] = o.io_threads;
+    p["churn_per_s"] = o.churn;
     out["parameters"] = p;
     out["server"] = health;
     json r;
@@ -337,13 +379,21 @@ int body(int argc, char** argv) {
     r["text_messages"] = text;
     r["client"] = {
         {"send_lag_ms", lag}, {"cpu_s", cpu_s}, {"wall_s", wall_s}, {"audio_prep_s", prep_s}};
+    if (churn_n > 0) {
+      json c;
+      c["cycles"] = churn_n;
+      c["failed"] = churn_failed;
+      if (churn_failed) c["first_failure"] = churn_first_failure;
+      c["handshake_ms"] = churn_hs_stats;
+      r["churn"] = c;
+    }
     out["results"] = r;
     out["sessions"] = sessions;
     std::ofstream f(o.json_path, std::ios::trunc);
     f << out.dump(2) << "\n";
     if (!f) throw ppx::Error("--json '" + o.json_path + "': cannot write");
   }
-  return failed == 0 ? 0 : 1;
+  return failed == 0 && churn_failed == 0 ? 0 : 1;
 }
 
 }  // namespace
