@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <utility>
 
 #include "apps/common.h"
 #include "ppx/error.h"
@@ -37,6 +38,35 @@ void fill_frame(std::vector<float>& pcm, int f) {
 }
 
 #ifdef PPX_HAVE_CUDA
+// One frame's encode graph and decode graph replayed back to back on `s`, each timed with events.
+class EncDecTimer {
+ public:
+  EncDecTimer() {
+    for (cudaEvent_t& e : ev_) PPX_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~EncDecTimer() {
+    for (cudaEvent_t e : ev_) cudaEventDestroy(e);
+  }
+  EncDecTimer(const EncDecTimer&) = delete;
+  EncDecTimer& operator=(const EncDecTimer&) = delete;
+  // Replays both and waits; ms of the encode and of the decode.
+  std::pair<float, float> run(cudaGraphExec_t enc, cudaGraphExec_t dec, cudaStream_t s) {
+    PPX_CUDA_CHECK(cudaEventRecord(ev_[0], s));
+    PPX_CUDA_CHECK(cudaGraphLaunch(enc, s));
+    PPX_CUDA_CHECK(cudaEventRecord(ev_[1], s));
+    PPX_CUDA_CHECK(cudaGraphLaunch(dec, s));
+    PPX_CUDA_CHECK(cudaEventRecord(ev_[2], s));
+    PPX_CUDA_CHECK(cudaEventSynchronize(ev_[2]));
+    float a = 0.f, b = 0.f;
+    PPX_CUDA_CHECK(cudaEventElapsedTime(&a, ev_[0], ev_[1]));
+    PPX_CUDA_CHECK(cudaEventElapsedTime(&b, ev_[1], ev_[2]));
+    return {a, b};
+  }
+
+ private:
+  cudaEvent_t ev_[3] = {};
+};
+
 // Times graph replays of one encode and one decode per frame; returns the GPU description.
 std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames, double* load_ms,
                        std::vector<double>& enc, std::vector<double>& dec) {
@@ -51,46 +81,22 @@ std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmu
   DeviceBuffer<float> d_pcm(fs), d_out(fs);
   DeviceBuffer<int32_t> d_codes(mimi.num_codebooks());
   PinnedBuffer<float> h_pcm(fs);
-  cudaGraph_t g_enc, g_dec;
-  cudaGraphExec_t x_enc, x_dec;
-  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  mimi.encode(0, d_pcm.get(), d_codes.get(), s);
-  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g_enc));
-  PPX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  mimi.decode(0, d_codes.get(), d_out.get(), s);
-  PPX_CUDA_CHECK(cudaStreamEndCapture(s, &g_dec));
-  PPX_CUDA_CHECK(cudaGraphInstantiate(&x_enc, g_enc, 0));
-  PPX_CUDA_CHECK(cudaGraphInstantiate(&x_dec, g_dec, 0));
-  cudaEvent_t e0, e1, e2;
-  PPX_CUDA_CHECK(cudaEventCreate(&e0));
-  PPX_CUDA_CHECK(cudaEventCreate(&e1));
-  PPX_CUDA_CHECK(cudaEventCreate(&e2));
+  const cudaGraphExec_t x_enc = capture_graph(s, [&] { mimi.encode(0, d_pcm.get(), d_codes.get(), s); });
+  const cudaGraphExec_t x_dec = capture_graph(s, [&] { mimi.decode(0, d_codes.get(), d_out.get(), s); });
+  EncDecTimer timer;
   std::vector<float> pcm(fs);
   for (int f = 0; f < warmup + frames; ++f) {
     fill_frame(pcm, f);
     std::copy(pcm.begin(), pcm.end(), h_pcm.get());
     PPX_CUDA_CHECK(cudaMemcpyAsync(d_pcm.get(), h_pcm.get(), fs * sizeof(float), cudaMemcpyHostToDevice, s));
-    PPX_CUDA_CHECK(cudaEventRecord(e0, s));
-    PPX_CUDA_CHECK(cudaGraphLaunch(x_enc, s));
-    PPX_CUDA_CHECK(cudaEventRecord(e1, s));
-    PPX_CUDA_CHECK(cudaGraphLaunch(x_dec, s));
-    PPX_CUDA_CHECK(cudaEventRecord(e2, s));
-    PPX_CUDA_CHECK(cudaEventSynchronize(e2));
-    float a = 0.f, b = 0.f;
-    PPX_CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
-    PPX_CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+    const auto [a, b] = timer.run(x_enc, x_dec, s);
     if (f >= warmup) {
       enc.push_back(a);
       dec.push_back(b);
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaEventDestroy(e2);
   cudaGraphExecDestroy(x_enc);
   cudaGraphExecDestroy(x_dec);
-  cudaGraphDestroy(g_enc);
-  cudaGraphDestroy(g_dec);
   cudaStreamDestroy(s);
   return device_description();
 }
@@ -112,10 +118,7 @@ nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightS
   DeviceBuffer<float> d_pcm(static_cast<size_t>(max_n) * fs), d_out(static_cast<size_t>(max_n) * fs);
   DeviceBuffer<int32_t> d_codes(static_cast<size_t>(max_n) * nq);
   std::vector<float> pcm(static_cast<size_t>(max_n) * fs), one(fs);
-  cudaEvent_t e0, e1, e2;
-  PPX_CUDA_CHECK(cudaEventCreate(&e0));
-  PPX_CUDA_CHECK(cudaEventCreate(&e1));
-  PPX_CUDA_CHECK(cudaEventCreate(&e2));
+  EncDecTimer timer;
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   for (const int n : sizes) {
     for (int i = 0; i < n; ++i) {
@@ -131,15 +134,7 @@ nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightS
         std::copy(one.begin(), one.end(), pcm.begin() + static_cast<size_t>(i) * fs);
       }
       d_pcm.upload(pcm.data(), static_cast<size_t>(n) * fs, s);
-      PPX_CUDA_CHECK(cudaEventRecord(e0, s));
-      PPX_CUDA_CHECK(cudaGraphLaunch(ge, s));
-      PPX_CUDA_CHECK(cudaEventRecord(e1, s));
-      PPX_CUDA_CHECK(cudaGraphLaunch(gd, s));
-      PPX_CUDA_CHECK(cudaEventRecord(e2, s));
-      PPX_CUDA_CHECK(cudaEventSynchronize(e2));
-      float a = 0.f, b = 0.f;
-      PPX_CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
-      PPX_CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+      const auto [a, b] = timer.run(ge, gd, s);
       if (f >= warmup) {
         enc.push_back(a);
         dec.push_back(b);
@@ -160,9 +155,6 @@ nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightS
                  1000.0 * ep / n, dp, 1000.0 * dp / n);
     runs.push_back(r);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaEventDestroy(e2);
   cudaStreamDestroy(s);
   nlohmann::ordered_json j;
   j["gpu"] = device_description();

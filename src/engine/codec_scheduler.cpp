@@ -15,30 +15,24 @@ class CodecScheduler::SlotCodec : public CodecStream {
   int frame_samples() const override { return s_.fs_; }
   int num_codebooks() const override { return s_.ncb_; }
   int codebook_size() const override { return s_.bins_; }
-  void reset() override {
+  void reset() override { submit(Kind::kReset); }
+  void encode(const float* pcm, int32_t* codes) override { submit(Kind::kEncode, pcm, codes); }
+  void decode(const int32_t* codes, float* pcm) override { submit(Kind::kDecode, nullptr, nullptr, codes, pcm); }
+
+ private:
+  // Runs a job of this slot (blocks until the scheduler has).
+  void submit(Kind kind, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
+              const int32_t* codes_in = nullptr, float* pcm_out = nullptr) {
     Job j;
-    j.kind = Kind::kReset;
+    j.kind = kind;
     j.slot = slot_;
-    s_.queue_.submit(j);
-  }
-  void encode(const float* pcm, int32_t* codes) override {
-    Job j;
-    j.kind = Kind::kEncode;
-    j.slot = slot_;
-    j.pcm_in = pcm;
-    j.codes_out = codes;
-    s_.queue_.submit(j);
-  }
-  void decode(const int32_t* codes, float* pcm) override {
-    Job j;
-    j.kind = Kind::kDecode;
-    j.slot = slot_;
-    j.codes_in = codes;
-    j.pcm_out = pcm;
+    j.pcm_in = pcm_in;
+    j.codes_out = codes_out;
+    j.codes_in = codes_in;
+    j.pcm_out = pcm_out;
     s_.queue_.submit(j);
   }
 
- private:
   CodecScheduler& s_;
   int slot_;
 };

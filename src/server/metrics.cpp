@@ -4,6 +4,29 @@
 
 namespace ppx::server {
 
+namespace {
+
+// One observation of `ms` in a histogram's cumulative buckets (upper bounds Metrics::kBucketsMs).
+template <size_t N>
+void observe(std::array<uint64_t, N>& buckets, double ms) {
+  for (size_t i = 0; i < N; ++i)
+    if (ms <= Metrics::kBucketsMs[i]) ++buckets[i];
+}
+
+// A Prometheus histogram's bucket, sum and count lines (its HELP and TYPE lines precede it): the
+// cumulative counts of `buckets` at the upper bounds Metrics::kBucketsMs, in seconds.
+template <size_t N>
+void histogram(std::ostringstream& o, const char* name, const std::array<uint64_t, N>& buckets, uint64_t count,
+               double sum_ms) {
+  for (size_t i = 0; i < N; ++i)
+    o << name << "_bucket{le=\"" << Metrics::kBucketsMs[i] / 1000.0 << "\"} " << buckets[i] << "\n";
+  o << name << "_bucket{le=\"+Inf\"} " << count << "\n";
+  o << name << "_sum " << sum_ms / 1000.0 << "\n";
+  o << name << "_count " << count << "\n";
+}
+
+}  // namespace
+
 void Metrics::session_started() {
   std::lock_guard<std::mutex> lk(mu_);
   ++sessions_started_;
@@ -29,9 +52,7 @@ void Metrics::frame(double ms, double budget_ms) {
   ++frames_;
   frame_ms_sum_ += ms;
   budget_misses_ += ms > budget_ms;
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    if (ms <= kBucketsMs[i]) ++buckets_[i];
-  }
+  observe(buckets_, ms);
 }
 
 void Metrics::batch_step(int batch, double ms, int waiting) {
@@ -41,9 +62,7 @@ void Metrics::batch_step(int batch, double ms, int waiting) {
   last_batch_ = batch;
   last_waiting_ = waiting;
   batch_ms_sum_ += ms;
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    if (ms <= kBucketsMs[i]) ++batch_buckets_[i];
-  }
+  observe(batch_buckets_, ms);
 }
 
 void Metrics::codec_pass(int encodes, int decodes, double ms) {
@@ -52,9 +71,7 @@ void Metrics::codec_pass(int encodes, int decodes, double ms) {
   codec_encodes_ += static_cast<uint64_t>(encodes);
   codec_decodes_ += static_cast<uint64_t>(decodes);
   codec_ms_sum_ += ms;
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    if (ms <= kBucketsMs[i]) ++codec_buckets_[i];
-  }
+  observe(codec_buckets_, ms);
 }
 
 std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections) const {
@@ -95,13 +112,7 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
     << budget_misses_ << "\n";
   o << "# HELP personaplex_frame_seconds Wall time of one frame (encode, LM step, decode).\n"
        "# TYPE personaplex_frame_seconds histogram\n";
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    o << "personaplex_frame_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << buckets_[i]
-      << "\n";
-  }
-  o << "personaplex_frame_seconds_bucket{le=\"+Inf\"} " << frames_ << "\n";
-  o << "personaplex_frame_seconds_sum " << frame_ms_sum_ / 1000.0 << "\n";
-  o << "personaplex_frame_seconds_count " << frames_ << "\n";
+  histogram(o, "personaplex_frame_seconds", buckets_, frames_, frame_ms_sum_);
   o << "# HELP personaplex_scheduler_batch_size Sessions in the last LM batch step.\n"
        "# TYPE personaplex_scheduler_batch_size gauge\npersonaplex_scheduler_batch_size "
     << last_batch_ << "\n";
@@ -115,13 +126,7 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
     << batch_items_ << "\n";
   o << "# HELP personaplex_scheduler_step_seconds Wall time of one LM batch step.\n"
        "# TYPE personaplex_scheduler_step_seconds histogram\n";
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    o << "personaplex_scheduler_step_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} "
-      << batch_buckets_[i] << "\n";
-  }
-  o << "personaplex_scheduler_step_seconds_bucket{le=\"+Inf\"} " << batch_steps_ << "\n";
-  o << "personaplex_scheduler_step_seconds_sum " << batch_ms_sum_ / 1000.0 << "\n";
-  o << "personaplex_scheduler_step_seconds_count " << batch_steps_ << "\n";
+  histogram(o, "personaplex_scheduler_step_seconds", batch_buckets_, batch_steps_, batch_ms_sum_);
   o << "# HELP personaplex_codec_frames_total Session frames through the codec scheduler's batched "
        "calls.\n"
        "# TYPE personaplex_codec_frames_total counter\n"
@@ -130,13 +135,7 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
   o << "# HELP personaplex_codec_pass_seconds Wall time of one codec scheduler pass (a batched "
        "encode and a batched decode).\n"
        "# TYPE personaplex_codec_pass_seconds histogram\n";
-  for (size_t i = 0; i < kBucketsMs.size(); ++i) {
-    o << "personaplex_codec_pass_seconds_bucket{le=\"" << kBucketsMs[i] / 1000.0 << "\"} " << codec_buckets_[i]
-      << "\n";
-  }
-  o << "personaplex_codec_pass_seconds_bucket{le=\"+Inf\"} " << codec_passes_ << "\n";
-  o << "personaplex_codec_pass_seconds_sum " << codec_ms_sum_ / 1000.0 << "\n";
-  o << "personaplex_codec_pass_seconds_count " << codec_passes_ << "\n";
+  histogram(o, "personaplex_codec_pass_seconds", codec_buckets_, codec_passes_, codec_ms_sum_);
   return o.str();
 }
 
