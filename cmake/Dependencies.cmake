@@ -16,4 +16,4 @@ endif()
 # The server: Boost.Beast and Boost.Asio (header-only, libboost-dev) on POSIX threads.
 find_package(Boost 1.70 REQUIRED)
 find_package(Threads REQUIRED)
-find_package(OpenSSL REQUIRED)  # TLS in the server (--ssl)
+find_package(OpenSSL REQUIRED)  # TLS in the server (--ssl); SHA-256 of the prompt cache keys

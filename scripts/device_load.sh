@@ -17,7 +17,9 @@
 #   STOCK [0]                    1: also run the server without speed flags ...
 #   STOCK_SESSIONS ["12 16"]     ... at these counts
 #   CONFIG [configs/personaplex-7b.json], DEVICE [cuda], SERVER_FLAGS [""] (added to the server)
-#   LOAD_FLAGS [""]              added to personaplex-load (e.g. --text-prompt "...")
+#   LOAD_FLAGS [""]              added to personaplex-load (split on spaces)
+#   TEXT_PROMPT_FILE [""]        every session's text prompt: this file's text (e.g.
+#                                bench/prompts/long_prompt.txt, ~1000 tokens)
 #   TIME_BUDGET_S [510]          a run that would end past this many seconds is skipped
 #   MAX_SESSIONS_EXTRA [0]       server slots beyond the largest count (room for LOAD_FLAGS=--churn)
 #   PPX_BIN_DIR                  take the binaries from this folder instead of unpacking devpkg
@@ -117,9 +119,11 @@ run_load() {
     return
   fi
   wait_idle
+  local prompt=()
+  [ -n "${TEXT_PROMPT_FILE:-}" ] && prompt=(--text-prompt "$(cat "$TEXT_PROMPT_FILE")")
   # shellcheck disable=SC2086
   "$B/personaplex-load" --port "$port" --sessions "$n" --duration "$duration" \
-    --ramp-ms "$ramp_ms" --quiet --json "$OUT/load_$name.json" ${LOAD_FLAGS:-} \
+    --ramp-ms "$ramp_ms" --quiet --json "$OUT/load_$name.json" "${prompt[@]}" ${LOAD_FLAGS:-} \
     >"$OUT/load_$name.log" 2>&1
   local rc=$?
   echo "load $name rc=$rc: $(grep -E '^ +all ' "$OUT/load_$name.log")" >>"$summary"

@@ -25,6 +25,7 @@
 #include "ppx/resources.h"
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
+#include "prompt_cache_test_util.h"
 #include "scheduler_test_util.h"
 #include "test_util.h"
 
@@ -638,4 +639,26 @@ TEST(CudaScheduler, BatchedTeacherForcedWithinBf16Tolerance) {
   std::printf("batched teacher-forced vs cpu fp32: text %.5f audio %.5f (session 0), max batch %d\n",
               reports[0].text_logits_max_rel_l2, reports[0].audio_logits_max_rel_l2, sched.totals().max_batch);
   EXPECT_GT(sched.totals().max_batch, 4) << "the GEMM path was not reached";
+}
+
+// The prompt cache on CUDA (tests/prompt_cache_test_util.h): a session whose system prompts were
+// loaded from the device store (KV rows, position, random counter) gives exactly the tokens of one
+// that replayed them through prefill, greedy and sampled, with the bf16 and the fp8 KV cache.
+TEST(CudaScheduler, PromptCacheGivesTheReplayedTokens) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "kv fp8" : "kv bf16");
+    CudaOptions opt;
+    opt.kv_fp8 = fp8;
+    auto backend = make_cuda_backend(cfg, mw, &lw, 0, 2, true, opt);
+    SystemPrompt voice;
+    voice.voice = load_voice_embeddings(test::data("voice_tiny_a.pt"));
+    voice.text_tokens = {5, 17, 300, 42};  // with the voice and silences past 4 rows: the GEMM prefill
+    SystemPrompt text_only;
+    text_only.text_tokens = {9, 8, 7};
+    test::check_prompt_cache(*backend, cfg, voice, text_only, 64u << 20);
+  }
 }

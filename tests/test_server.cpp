@@ -524,3 +524,37 @@ TEST_F(ServerTest, TlsServesHttpsAndWss) {
 }
 
 }  // namespace
+
+// With the prompt cache on, the second session with the same voice and text prompt loads them
+// instead of replaying them, and answers the same audio with exactly the same audio (same seeds).
+TEST_F(ServerTest, PromptCacheHitAnswersAsTheReplay) {
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.prompt_cache_bytes = size_t{16} << 20; });
+  const std::vector<float> speech = user_speech();
+  const int frames = static_cast<int>(speech.size() / kFrame);
+  std::vector<std::vector<float>> outs;
+  for (int i = 0; i < 2; ++i) {
+    Client c;
+    ASSERT_TRUE(c.connect(port_, chat()));
+    const Exchange ex = c.run(
+        audio_messages(speech), 20ms, [&](const Exchange& e) { return e.audio_msgs >= frames + 2; }, 60s);
+    ASSERT_TRUE(ex.handshake);
+    EXPECT_TRUE(ex.errors.empty()) << ex.errors.front();
+    ppx::OggOpusReader reader(24000);
+    reader.push(ex.audio_bytes.data(), ex.audio_bytes.size());
+    std::vector<float> out;
+    reader.read(out);
+    outs.push_back(out);
+    c.drop();
+    ASSERT_TRUE(wait_slots_free(port_));
+  }
+  ASSERT_FALSE(outs[0].empty());
+  EXPECT_EQ(outs[0], outs[1]) << "the cached session answered differently";
+  const std::string m = http_get(port_, "/metrics");
+  EXPECT_EQ(metric(m, "personaplex_prompt_cache_lookups_total{result=\"hit\"}"), 1.0) << m;
+  EXPECT_EQ(metric(m, "personaplex_prompt_cache_lookups_total{result=\"miss\"}"), 1.0);
+  EXPECT_EQ(metric(m, "personaplex_prompt_cache_entries"), 1.0);
+  EXPECT_GT(metric(m, "personaplex_prompt_cache_bytes"), 0.0);
+  const auto h = nlohmann::json::parse(http_get(port_, "/health"));
+  EXPECT_EQ(h["prompt_cache"]["entries"], 1);
+  EXPECT_EQ(h["prompt_cache"]["capacity_bytes"], size_t{16} << 20);
+}

@@ -71,6 +71,9 @@ struct CudaOptions {
   // --device cuda:N: the device index among the visible ones (CUDA_VISIBLE_DEVICES), made current
   // by make_cuda_backend on its calling thread and by ModelBackend::attach_thread on others.
   int device = 0;
+  // The server's prompt cache store (--prompt-cache-mb), allocated later by the LM batch: the
+  // computed capacity keeps this much device memory free for it.
+  size_t prompt_cache_bytes = 0;
 };
 
 // The CUDA engine. `lm_weights` nullptr: full-size random LM weights generated on the device

@@ -70,7 +70,7 @@ struct CapacityInputs {
   // sessions: the codec's weights, the batch's row buffers and graphs.
   double reserve_bytes = 1.0 * (1 << 30);
   double codec_bytes_per_session = 0;  // codec_slot_bytes_estimate() on CUDA
-  double prompt_cache_bytes = 0;       // the prompt cache's byte cap (none yet: 0)
+  double prompt_cache_bytes = 0;       // the prompt cache's store (--prompt-cache-mb)
   double weight_efficiency = kWeightStreamEfficiency;
   double kv_efficiency = kKvStreamEfficiency;
   double session_fixed_ms = kSessionFixedMs;  // with a known bandwidth only

@@ -82,6 +82,15 @@ class Conversation {
   // ppx::Error when they would not fit in the LM context. `on_step(done, total)` reports progress
   // and may return false to abandon (client gone).
   bool run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step = {});
+  // The refusals of run_system_prompts (too long for the context, a voice of another width, a
+  // token outside the vocabulary), without running anything. Throws ppx::Error.
+  void check_system_prompts(const SystemPrompt& p) const;
+  // Instead of run_system_prompts: the state it left in an earlier conversation (lm_gen().state()
+  // then), while the caller loads the matching LM state into the stepper (the prompt cache,
+  // src/engine/prompt_cache.h). Resets the codec as the prompts end by doing.
+  void restore_prompts(const LmGen::State& s);
+  int frame_samples() const { return codec_.frame_samples(); }
+  const LmGenConfig& gen_config() const { return cfg_; }
   // Wall time of each stage of the last step, in milliseconds.
   struct StageTimes {
     double encode = 0, lm = 0, decode = 0;

@@ -8,9 +8,11 @@
 // thread that calls into it; sessions reach it through an LmStepper that the scheduler hands out.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ppx/config.h"
+#include "ppx/error.h"
 #include "ppx/lm_gen.h"
 
 namespace ppx {
@@ -54,6 +56,40 @@ class LmBatch {
   }
   // The most positions one prefill() call takes; 1 when batching them gains nothing.
   virtual int prefill_rows() const { return 1; }
+  // The prompt cache's store (src/engine/prompt_cache.h): an arena of bytes that holds slot
+  // prefixes. A prefix is what the first `positions` steps of a slot left behind: its KV cache
+  // rows, its position and its random stream's place. Loading one into a freshly opened slot leaves
+  // the slot as if it had run those steps itself, so the session's later tokens are the same
+  // (greedy and sampled: a slot's random stream is its own seed and counter; a prefix carries the
+  // counter, never the seed). Positions must lie inside the context (no ring wrap).
+  struct PrefixInfo {
+    int positions = 0;
+    uint64_t counter = 0;  // the slot's random counter after those steps (backends that count)
+  };
+  // Bytes of a prefix of `positions` steps in the store; 0: this backend keeps none.
+  virtual size_t prefix_bytes(int positions) const {
+    (void)positions;
+    return 0;
+  }
+  // Makes the store `bytes` long (startup; on CUDA device memory). Throws ppx::Error when it does
+  // not fit.
+  virtual void reserve_prefix_store(size_t bytes) {
+    if (bytes > 0) throw Error("this backend has no prompt cache store");
+  }
+  // Copies the prefix of `slot` (all its steps so far) to store bytes [offset, offset +
+  // prefix_bytes(positions)).
+  virtual PrefixInfo save_prefix(int slot, size_t offset) {
+    (void)slot;
+    (void)offset;
+    throw Error("this backend has no prompt cache store");
+  }
+  // Loads a saved prefix into `slot` (open, not yet stepped).
+  virtual void load_prefix(int slot, const PrefixInfo& info, size_t offset) {
+    (void)slot;
+    (void)info;
+    (void)offset;
+    throw Error("this backend has no prompt cache store");
+  }
   // Called once by the thread that will make every other call (the scheduler's), before any:
   // binds that thread to the backend's device.
   virtual void attach_thread() {}

@@ -19,7 +19,10 @@ namespace ppx {
 
 // Upstream sample_token: greedy argmax (first index wins ties) when sampling is off or temp <= 0;
 // otherwise softmax(logits / temp), keep the top_k most likely (0 = all), and draw by the
-// exponential race argmax(p_j / e_j), e_j ~ Exp(1). Seeded, so a run is reproducible.
+// exponential race argmax(p_j / e_j), e_j ~ Exp(1). Seeded, so a run is reproducible. The CPU
+// stepper asks it only for streams that are not provided (a provided stream's token is the given
+// one; its own pick is the argmax), so steps whose streams are all provided, such as the system
+// prompts, draw nothing from the stream.
 class Sampler : public TokenChooser {
  public:
   Sampler(const LmGenConfig& c, uint64_t seed);
@@ -84,6 +87,8 @@ class CpuLmStepper : public LmStepper {
   void reset() override;
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override;
   int depformer_steps() const override { return dep_steps_; }
+  // The KV cache and position (the prompt cache copies them).
+  LmState& state() { return state_; }
 
  private:
   const Lm& lm_;
@@ -108,6 +113,16 @@ class LmGen {
   void step_embedding(const float* embedding);
   // Overwrites the token cache ([n_q + 1, CT] row-major), as after a .pt voice replay.
   void set_cache(const std::vector<int64_t>& cache);
+  // Everything a step leaves in this object (not in the stepper): the prompt cache keeps it.
+  struct State {
+    std::vector<int64_t> cache;
+    std::vector<uint8_t> provided;
+    int64_t offset = 0;
+  };
+  State state() const { return State{cache_, provided_, offset_}; }
+  // Back to a state() of a generation over the same LM config; the stepper's state is the
+  // caller's (it loads the matching prefix). Throws ppx::Error on a state of another shape.
+  void restore(const State& s);
   const std::vector<int64_t>& cache() const { return cache_; }
   int64_t offset() const { return offset_; }
   int cache_columns() const { return ct_; }

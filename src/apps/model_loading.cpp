@@ -189,6 +189,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     cuda.w8a16 = f.w8a16;
     cuda.w8_int8 = f.w8_format == "int8";
     cuda.kv_fp8 = f.kv_fp8;
+    cuda.prompt_cache_bytes = f.prompt_cache_bytes;
     cuda.mimi_pdl = !f.no_mimi_pdl;
     cuda.device = f.cuda_device;
     m.device_index = f.cuda_device;

@@ -33,6 +33,7 @@ struct ModelFlags {
   bool w8_format_given = false;    // --w8-format was on the command line (it needs --w8a16)
   bool kv_fp8 = false;       // --kv-fp8 (CUDA): the temporal KV cache in fp8 with per-head scales
   bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
+  size_t prompt_cache_bytes = 0;  // the server's prompt cache store (CudaOptions::prompt_cache_bytes)
   // Where load_model's remarks go (the synthetic tokenizer); default: a line on stderr. The server
   // sends them to its log.
   std::function<void(const std::string&)> note;

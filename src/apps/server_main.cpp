@@ -201,6 +201,13 @@ int serve(int argc, char** argv) {
   app.add_flag("--per-session-codec", per_session_codec,
                "each session runs its own codec stream on its worker thread instead of the batched "
                "codec scheduler (for comparison; the default batches every session's frames)");
+  int prompt_cache_mb = 1024;
+  app.add_option("--prompt-cache-mb", prompt_cache_mb,
+                 "memory (MiB; device memory on CUDA, counted against --max-sessions' computed "
+                 "capacity) that keeps the LM state a voice and text prompt leave, so that later "
+                 "sessions with the same prompts start without replaying them; 0: off")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   std::string log_level = "info";
   bool log_json = false;
   app.add_option("--log-level", log_level, "log messages of this level and above on stderr")
@@ -211,6 +218,8 @@ int serve(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     o.codec_batch = !per_session_codec;
+    o.prompt_cache_bytes = static_cast<size_t>(prompt_cache_mb) << 20;
+    mf.prompt_cache_bytes = o.prompt_cache_bytes;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }

@@ -1,11 +1,14 @@
 #include "ppx/backend.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ppx/error.h"
 #include "ppx/lm.h"
 #include "ppx/mimi.h"
+#include "ppx/ring_kv.h"
 
 namespace ppx {
 namespace {
@@ -19,6 +22,7 @@ class OwningCpuStepper : public LmStepper {
   void reset() override { inner_.reset(); }
   void run(const StepRequest& r, StepResult& o, StepLogits* l) override { inner_.run(r, o, l); }
   int depformer_steps() const override { return inner_.depformer_steps(); }
+  LmState& state() { return inner_.state(); }
 
  private:
   Sampler sampler_;
@@ -43,19 +47,65 @@ class CpuLmBatch : public LmBatch {
   // chunks, so the CPU runs the same queueing as the GPU.
   int prefill_rows() const override { return 16; }
 
+  // The prompt cache's store in host memory: keys then values of every layer, fp32, for each of
+  // the prefix's positions. It grows to what is used, up to the reserved size.
+  size_t prefix_bytes(int positions) const override {
+    const LmConfig& c = lm_.config();
+    return static_cast<size_t>(positions) * c.num_layers * 2 * c.dim * sizeof(float);
+  }
+  void reserve_prefix_store(size_t bytes) override { store_cap_ = bytes; }
+  PrefixInfo save_prefix(int slot, size_t offset) override {
+    LmState& st = stepper(slot).state();
+    const LmConfig& c = lm_.config();
+    if (st.pos <= 0 || st.pos >= c.context || static_cast<int>(st.kv.size()) != c.num_layers)
+      throw Error("save_prefix: slot " + std::to_string(slot) + " is at position " + std::to_string(st.pos) +
+                  " (a prefix needs 1 to " + std::to_string(c.context - 1) + ")");
+    const int P = static_cast<int>(st.pos);
+    const size_t n = prefix_bytes(P);
+    if (offset + n > store_cap_) throw Error("save_prefix: past the end of the prompt cache store");
+    if (store_.size() < offset + n) store_.resize(offset + n);
+    const size_t row = static_cast<size_t>(c.dim) * P;  // floats of one layer's keys (or values)
+    float* dst = reinterpret_cast<float*>(store_.data() + offset);
+    for (const cpu::RingKv& kv : st.kv) {
+      std::copy_n(kv.k.data(), row, dst);
+      std::copy_n(kv.v.data(), row, dst + row);
+      dst += 2 * row;
+    }
+    return PrefixInfo{P, 0};
+  }
+  void load_prefix(int slot, const PrefixInfo& info, size_t offset) override {
+    LmState& st = stepper(slot).state();
+    const LmConfig& c = lm_.config();
+    const int P = info.positions;
+    if (P <= 0 || P >= c.context || offset + prefix_bytes(P) > store_.size())
+      throw Error("load_prefix: no prefix of " + std::to_string(P) + " positions at that place");
+    if (static_cast<int>(st.kv.size()) != c.num_layers) lm_.init_state(st);
+    const size_t row = static_cast<size_t>(c.dim) * P;
+    const float* src = reinterpret_cast<const float*>(store_.data() + offset);
+    for (cpu::RingKv& kv : st.kv) {
+      std::copy_n(src, row, kv.k.data());
+      std::copy_n(src + row, row, kv.v.data());
+      kv.end = P;
+      src += 2 * row;
+    }
+    st.pos = P;
+  }
+
  private:
-  std::unique_ptr<LmStepper>& at(int slot) {
+  std::unique_ptr<OwningCpuStepper>& at(int slot) {
     if (slot < 0 || slot >= slots()) throw Error("LM slot " + std::to_string(slot) + " out of range");
     return slots_[static_cast<size_t>(slot)];
   }
-  LmStepper& stepper(int slot) {
+  OwningCpuStepper& stepper(int slot) {
     auto& s = at(slot);
     if (!s) throw Error("LM slot " + std::to_string(slot) + " is not open");
     return *s;
   }
   const Lm& lm_;
   int dep_steps_;
-  std::vector<std::unique_ptr<LmStepper>> slots_;
+  std::vector<std::unique_ptr<OwningCpuStepper>> slots_;
+  size_t store_cap_ = 0;
+  std::vector<uint8_t> store_;  // the prompt cache's store, grown on demand
 };
 
 class CpuBackend : public ModelBackend {

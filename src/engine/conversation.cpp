@@ -43,10 +43,9 @@ int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silenc
 Conversation::Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen)
     : codec_(codec), lm_cfg_(stepper.config()), cfg_(gen), gen_(stepper, gen) {}
 
-bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step) {
+void Conversation::check_system_prompts(const SystemPrompt& p) const {
   const LmConfig& c = lm_cfg_;
-  const int fs = codec_.frame_samples(), half = c.n_q / 2;
-  const int64_t total = system_prompt_steps(p, fs, cfg_.audio_silence_frame_cnt);
+  const int64_t total = system_prompt_steps(p, codec_.frame_samples(), cfg_.audio_silence_frame_cnt);
   if (total >= c.context) {
     throw Error("system prompts take " + std::to_string(total) + " steps (voice, 2 x " +
                 std::to_string(cfg_.audio_silence_frame_cnt) + " silence, " + std::to_string(p.text_tokens.size()) +
@@ -60,6 +59,18 @@ bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function
   for (int tok : p.text_tokens) {
     if (tok < 0 || tok >= c.text_card) throw Error("text prompt token " + std::to_string(tok) + " is outside the LM vocabulary");
   }
+}
+
+void Conversation::restore_prompts(const LmGen::State& s) {
+  codec_.reset();
+  gen_.restore(s);
+}
+
+bool Conversation::run_system_prompts(const SystemPrompt& p, const std::function<bool(int64_t, int64_t)>& on_step) {
+  check_system_prompts(p);
+  const LmConfig& c = lm_cfg_;
+  const int fs = codec_.frame_samples(), half = c.n_q / 2;
+  const int64_t total = system_prompt_steps(p, fs, cfg_.audio_silence_frame_cnt);
   const std::vector<int64_t> sine(cfg_.sine_tokens.begin(), cfg_.sine_tokens.end());
   const std::vector<int64_t> silence(cfg_.silence_tokens.begin(), cfg_.silence_tokens.end());
   int64_t done = 0;

@@ -28,6 +28,7 @@ class LmScheduler::SlotStepper : public LmStepper {
   int depformer_steps() const override { return s_.batch_->depformer_steps(); }
   void reset() override {
     kept_.clear();  // position 0 again: the kept steps would have been undone
+    positions_ = 0;
     Job j;
     j.kind = Kind::kReset;
     j.step.slot = slot_;
@@ -36,6 +37,7 @@ class LmScheduler::SlotStepper : public LmStepper {
   void run(const StepRequest& req, StepResult& out, StepLogits* logits) override {
     const LmConfig& c = config();
     const int K = c.n_q + 1;
+    ++positions_;
     if (s_.prefill_chunk_ > 1 && logits == nullptr && std::all_of(req.provided, req.provided + K, [](uint8_t p) {
           return p != 0;
         })) {
@@ -51,6 +53,30 @@ class LmScheduler::SlotStepper : public LmStepper {
     Job j;
     j.step = BatchStep{slot_, &req, &out, logits};
     s_.queue_.submit(j);
+  }
+
+  // Model calls since open or reset (the slot's position).
+  int positions() const { return positions_; }
+  LmScheduler& scheduler() { return s_; }
+  // The prompt cache's copies, as jobs in order with the steps (kept prompt steps go first).
+  LmBatch::PrefixInfo save_prefix(size_t offset) {
+    flush();
+    Job j;
+    j.kind = Kind::kSavePrefix;
+    j.step.slot = slot_;
+    j.offset = offset;
+    s_.queue_.submit(j);
+    return j.prefix;
+  }
+  void load_prefix(const LmBatch::PrefixInfo& info, size_t offset) {
+    kept_.clear();
+    Job j;
+    j.kind = Kind::kLoadPrefix;
+    j.step.slot = slot_;
+    j.offset = offset;
+    j.prefix = info;
+    s_.queue_.submit(j);
+    positions_ = info.positions;
   }
 
  private:
@@ -91,14 +117,52 @@ class LmScheduler::SlotStepper : public LmStepper {
   LmScheduler& s_;
   int slot_;
   std::vector<Kept> kept_;
+  int positions_ = 0;
 };
 
-LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk)
+LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk,
+                         size_t prompt_cache_bytes)
     : batch_(std::move(batch)), on_step_(std::move(on_step)) {
   if (!batch_) throw Error("LmScheduler: no LM batch");
   slots_ = batch_->slots();
   prefill_chunk_ = std::max(1, std::min(prefill_chunk > 0 ? prefill_chunk : batch_->prefill_rows(), batch_->prefill_rows()));
+  if (prompt_cache_bytes > 0 && batch_->prefix_bytes(1) > 0) {
+    batch_->reserve_prefix_store(prompt_cache_bytes);
+    cache_ = std::make_unique<PromptCache>(prompt_cache_bytes);
+  }
   thread_ = std::thread([this] { loop(); });
+}
+
+bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, const SystemPrompt& p,
+                                     const std::function<bool(int64_t, int64_t)>& on_step, bool* cached) {
+  if (cached) *cached = false;
+  auto* slot = dynamic_cast<SlotStepper*>(&stepper);
+  if (!cache_ || !slot || &slot->scheduler() != this || slot->positions() != 0)
+    return conv.run_system_prompts(p, on_step);
+  conv.check_system_prompts(p);  // the same refusals as a replay, before any lookup
+  const LmGenConfig& gen = conv.gen_config();
+  const std::string key = prompt_cache_key(p, gen);
+  if (PromptCache::Lease hit = cache_->lookup(key)) {
+    const PromptCache::Entry& e = hit.entry();
+    slot->load_prefix(e.prefix, e.offset);
+    conv.restore_prompts(e.gen);
+    if (cached) *cached = true;
+    const int64_t total = system_prompt_steps(p, conv.frame_samples(), gen.audio_silence_frame_cnt);
+    return !on_step || on_step(total, total);
+  }
+  if (!conv.run_system_prompts(p, on_step)) return false;
+  const int positions = slot->positions();
+  if (positions <= 0 || positions >= batch_->config().context) return true;
+  PromptCache::Lease room = cache_->reserve(key, batch_->prefix_bytes(positions));
+  if (!room) return true;
+  try {
+    const LmBatch::PrefixInfo info = slot->save_prefix(room.entry().offset);
+    cache_->commit(room, info, conv.lm_gen().state());
+  } catch (...) {
+    cache_->abandon(room);
+    throw;
+  }
+  return true;
 }
 
 LmScheduler::~LmScheduler() {
@@ -168,6 +232,8 @@ void LmScheduler::loop() {
           case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
           case Kind::kReset: batch_->reset(j->step.slot); break;
           case Kind::kClose: batch_->close(j->step.slot); break;
+          case Kind::kSavePrefix: j->prefix = batch_->save_prefix(j->step.slot, j->offset); break;
+          case Kind::kLoadPrefix: batch_->load_prefix(j->step.slot, j->prefix, j->offset); break;
           case Kind::kStep:
           case Kind::kPrefill: break;  // taken apart above
         }

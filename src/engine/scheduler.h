@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "engine/job_queue.h"
+#include "engine/prompt_cache.h"
+#include "ppx/conversation.h"
 #include "ppx/lm_batch.h"
 #include "ppx/lm_gen.h"
 
@@ -33,8 +35,10 @@ class LmScheduler {
   using StepObserver = std::function<void(const StepInfo&)>;
 
   // prefill_chunk: prompt positions per prefill job; 0: the batch's prefill_rows(), 1: no prefill
-  // (every prompt step a batch step).
-  explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0);
+  // (every prompt step a batch step). prompt_cache_bytes: the prompt cache's store (0: no cache;
+  // a backend without a store keeps none either). Throws ppx::Error when the store does not fit.
+  explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0,
+                       size_t prompt_cache_bytes = 0);
   ~LmScheduler();  // serves what is queued, then stops
   LmScheduler(const LmScheduler&) = delete;
   LmScheduler& operator=(const LmScheduler&) = delete;
@@ -44,6 +48,17 @@ class LmScheduler {
   // A session takes `slot` (see LmBatch::open); the returned stepper closes it when destroyed.
   // Throws what the backend's open() throws (ppx::Error, DeviceError).
   std::unique_ptr<LmStepper> open(int slot, const LmGenConfig& gen, uint64_t seed);
+
+  // Runs the system prompts of `conv`, whose stepper is `stepper` (from open(), not yet stepped),
+  // through the prompt cache: a known prompt is loaded into the slot (KV cache, position, random
+  // counter) and the generation state, in one job, instead of being replayed; an unknown one is
+  // replayed (Conversation::run_system_prompts, `on_step` as there) and then saved, when the cache
+  // has room. The session's later tokens are the same either way. Without a cache, or for a
+  // stepper of another kind, just the replay. `cached` tells which happened.
+  bool run_system_prompts(LmStepper& stepper, Conversation& conv, const SystemPrompt& p,
+                          const std::function<bool(int64_t, int64_t)>& on_step = {}, bool* cached = nullptr);
+  // The prompt cache, or nullptr when there is none.
+  PromptCache* prompt_cache() { return cache_.get(); }
 
   // Totals since start.
   struct Totals {
@@ -57,12 +72,14 @@ class LmScheduler {
 
  private:
   class SlotStepper;
-  enum class Kind { kStep, kOpen, kReset, kClose, kPrefill };
+  enum class Kind { kStep, kOpen, kReset, kClose, kPrefill, kSavePrefix, kLoadPrefix };
   struct Job {
     Kind kind = Kind::kStep;
     BatchStep step;
     const StepRequest* prefill = nullptr;  // kPrefill: `prefill_n` requests of step.slot
     int prefill_n = 0;
+    size_t offset = 0;             // kSavePrefix, kLoadPrefix: the place in the store
+    LmBatch::PrefixInfo prefix;    // kSavePrefix: out; kLoadPrefix: in
     const LmGenConfig* gen = nullptr;
     uint64_t seed = 0;
     bool done = false;
@@ -74,6 +91,7 @@ class LmScheduler {
   StepObserver on_step_;
   int slots_ = 0;
   int prefill_chunk_ = 1;
+  std::unique_ptr<PromptCache> cache_;  // nullptr: none
   JobQueue<Job> queue_{"LM scheduler"};
   Totals totals_;  // under the queue's lock
   std::thread thread_;

@@ -69,20 +69,25 @@ const LmConfig& CpuLmStepper::config() const { return lm_.config(); }
 void CpuLmStepper::reset() { lm_.init_state(state_); }
 
 namespace {
-// Uses `force[i]` when given and >= 0, else asks the chooser.
+// Uses `force[i]` when given and >= 0; else, for a provided stream, the argmax (its token is the
+// provided one whatever is picked here, so no random draw is spent on it); else asks the chooser.
 class ForcingChooser : public TokenChooser {
  public:
-  ForcingChooser(TokenChooser& inner, const int64_t* force) : inner_(inner), force_(force) {}
+  ForcingChooser(TokenChooser& inner, const int64_t* force, const uint8_t* provided)
+      : inner_(inner), force_(force), provided_(provided) {}
   int text(const float* l, int n) override {
-    return force_ && force_[0] >= 0 ? static_cast<int>(force_[0]) : inner_.text(l, n);
+    if (force_ && force_[0] >= 0) return static_cast<int>(force_[0]);
+    return provided_ && provided_[0] ? Sampler::argmax(l, n) : inner_.text(l, n);
   }
   int audio(int s, const float* l, int n) override {
-    return force_ && force_[1 + s] >= 0 ? static_cast<int>(force_[1 + s]) : inner_.audio(s, l, n);
+    if (force_ && force_[1 + s] >= 0) return static_cast<int>(force_[1 + s]);
+    return provided_ && provided_[1 + s] ? Sampler::argmax(l, n) : inner_.audio(s, l, n);
   }
 
  private:
   TokenChooser& inner_;
   const int64_t* force_;
+  const uint8_t* provided_;
 };
 }  // namespace
 
@@ -96,7 +101,7 @@ void CpuLmStepper::run(const StepRequest& req, StepResult& out, StepLogits* logi
     lm_.embed(req.input, x.data());
   }
   lm_.temporal(state_, x.data(), h.data(), text_logits.data());
-  ForcingChooser chooser(chooser_, req.force);
+  ForcingChooser chooser(chooser_, req.force, req.provided);
   out.text = chooser.text(text_logits.data(), c.text_card);
   const int64_t next_text = req.provided[0] ? req.target[0] : out.text;
   out.audio.assign(S, -1);
@@ -127,6 +132,15 @@ void LmGen::reset() {
   offset_ = 0;
   std::fill(provided_.begin(), provided_.end(), 0);
   stepper_.reset();
+}
+
+void LmGen::restore(const State& s) {
+  if (s.cache.size() != cache_.size() || s.provided.size() != provided_.size() || s.offset < 0)
+    throw Error("generation state of another shape (" + std::to_string(s.cache.size()) + " cache entries, expected " +
+                std::to_string(cache_.size()) + ")");
+  cache_ = s.cache;
+  provided_ = s.provided;
+  offset_ = s.offset;
 }
 
 void LmGen::set_cache(const std::vector<int64_t>& cache) {

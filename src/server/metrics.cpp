@@ -74,7 +74,8 @@ void Metrics::codec_pass(int encodes, int decodes, double ms) {
   observe(codec_buckets_, ms);
 }
 
-std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections) const {
+std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int connections,
+                                const PromptCache::Stats* cache) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::ostringstream o;
   o << "# HELP personaplex_sessions_in_use Conversations holding a slot.\n"
@@ -136,6 +137,28 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
        "encode and a batched decode).\n"
        "# TYPE personaplex_codec_pass_seconds histogram\n";
   histogram(o, "personaplex_codec_pass_seconds", codec_buckets_, codec_passes_, codec_ms_sum_);
+  if (cache) {
+    o << "# HELP personaplex_prompt_cache_lookups_total System prompts looked up in the prompt cache, "
+         "by result.\n"
+         "# TYPE personaplex_prompt_cache_lookups_total counter\n"
+         "personaplex_prompt_cache_lookups_total{result=\"hit\"} "
+      << cache->hits << "\npersonaplex_prompt_cache_lookups_total{result=\"miss\"} " << cache->misses << "\n";
+    o << "# HELP personaplex_prompt_cache_inserts_total Prompts saved into the prompt cache.\n"
+         "# TYPE personaplex_prompt_cache_inserts_total counter\npersonaplex_prompt_cache_inserts_total "
+      << cache->inserts << "\n";
+    o << "# HELP personaplex_prompt_cache_evictions_total Entries dropped to make room.\n"
+         "# TYPE personaplex_prompt_cache_evictions_total counter\npersonaplex_prompt_cache_evictions_total "
+      << cache->evictions << "\n";
+    o << "# HELP personaplex_prompt_cache_entries Prompts in the prompt cache.\n"
+         "# TYPE personaplex_prompt_cache_entries gauge\npersonaplex_prompt_cache_entries "
+      << cache->entries << "\n";
+    o << "# HELP personaplex_prompt_cache_bytes Bytes of the prompt cache's store in use.\n"
+         "# TYPE personaplex_prompt_cache_bytes gauge\npersonaplex_prompt_cache_bytes "
+      << cache->used_bytes << "\n";
+    o << "# HELP personaplex_prompt_cache_capacity_bytes The prompt cache's store (--prompt-cache-mb).\n"
+         "# TYPE personaplex_prompt_cache_capacity_bytes gauge\npersonaplex_prompt_cache_capacity_bytes "
+      << cache->capacity_bytes << "\n";
+  }
   return o.str();
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "engine/prompt_cache.h"
 #include "server/end_reason.h"
 
 namespace ppx::server {
@@ -26,7 +27,10 @@ class Metrics {
   void batch_step(int batch, double ms, int waiting);
   // One pass of the codec scheduler: sessions in its batched encode and decode, its wall time (ms).
   void codec_pass(int encodes, int decodes, double ms);
-  std::string prometheus(int sessions_in_use, int max_sessions, int connections) const;
+  // `cache`: the prompt cache's figures, or nullptr when the server has none (its series are then
+  // left out).
+  std::string prometheus(int sessions_in_use, int max_sessions, int connections,
+                         const PromptCache::Stats* cache = nullptr) const;
 
   // Upper bounds (ms) of the frame-time histogram buckets; +Inf is implied.
   static constexpr std::array<double, 9> kBucketsMs = {2.5, 5, 10, 20, 40, 60, 80, 120, 250};

@@ -74,6 +74,12 @@ nlohmann::ordered_json capacity_json(const std::optional<Capacity>& c, const Ser
   return j;
 }
 
+// The prompt cache's figures, or nullptr when the server has none.
+std::unique_ptr<PromptCache::Stats> cache_stats(SessionHub& hub) {
+  PromptCache* pc = hub.scheduler ? hub.scheduler->prompt_cache() : nullptr;
+  return pc ? std::make_unique<PromptCache::Stats>(pc->stats()) : nullptr;
+}
+
 // Constant-time comparison (of SHA-256 digests, so the length leaks nothing either).
 bool same_secret(const std::string& a, const std::string& b) {
   unsigned char da[SHA256_DIGEST_LENGTH], db[SHA256_DIGEST_LENGTH];
@@ -334,6 +340,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       j["connections"] = hub_->connections.load();
       j["max_connections"] = hub_->opts.max_connections;
       j["capacity"] = capacity_json(hub_->model.capacity, hub_->opts);
+      if (PromptCache* pc = hub_->scheduler->prompt_cache()) {
+        const PromptCache::Stats st = pc->stats();
+        j["prompt_cache"] = {{"capacity_bytes", st.capacity_bytes}, {"used_bytes", st.used_bytes},
+                             {"entries", st.entries},           {"hits", st.hits},
+                             {"misses", st.misses},             {"evictions", st.evictions}};
+      } else {
+        j["prompt_cache"] = nullptr;
+      }
       const bool ok = path == "/health" ? why.empty() : ready;
       return reply(req, ok ? http::status::ok : http::status::service_unavailable,
                    "application/json", dump(j));
@@ -342,7 +356,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       if (hub_->opts.metrics_auth && !authorized(req, query)) return unauthorized(req);
       return reply(
           req, http::status::ok, "text/plain; version=0.0.4",
-          hub_->metrics.prometheus(in_use, hub_->opts.max_sessions, hub_->connections.load()));
+          hub_->metrics.prometheus(in_use, hub_->opts.max_sessions, hub_->connections.load(), cache_stats(*hub_).get()));
     }
     if (api && !authorized(req, query)) return unauthorized(req);
     if (path == "/api/voices")
@@ -612,7 +626,8 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   // session joining later allocates nothing on the device and stalls no one.
   hub.scheduler = std::make_unique<LmScheduler>(
       model.backend->lm_batch(opts.max_sessions, model.dep_steps),
-      [metrics = &hub.metrics](const LmScheduler::StepInfo& i) { metrics->batch_step(i.batch, i.ms, i.waiting); });
+      [metrics = &hub.metrics](const LmScheduler::StepInfo& i) { metrics->batch_step(i.batch, i.ms, i.waiting); },
+      0, opts.prompt_cache_bytes);
   if (opts.codec_batch)
     hub.codec = std::make_unique<CodecScheduler>(
         model.backend->codec_batch(opts.max_sessions),

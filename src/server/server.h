@@ -56,6 +56,9 @@ struct ServerOptions {
   // Sessions' codec frames go through the codec scheduler, batched (true); false: each session
   // runs its own codec stream on its worker (--per-session-codec, for comparison).
   bool codec_batch = true;
+  // The prompt cache's store (--prompt-cache-mb): sessions whose voice and text prompt were seen
+  // before load the state those prompts left instead of replaying them. 0: no cache.
+  size_t prompt_cache_bytes = 0;
 };
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.

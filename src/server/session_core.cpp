@@ -293,7 +293,9 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   // Audio sent before the conversation starts is decoded (so a stream stays in sync and the
   // input queue stays bounded) and dropped (/api/chat) or kept up to a bound (/v1/realtime): the
   // model cannot hear it yet.
-  const bool done = conv.run_system_prompts(prompt, [&](int64_t, int64_t) {
+  const auto t_prompts = Clock::now();
+  bool cached = false;
+  const bool done = hub_->scheduler->run_system_prompts(*stepper, conv, prompt, [&](int64_t, int64_t) {
     if (over_duration()) {
       why = SessionEnd::kMaxDuration;
       return false;
@@ -302,8 +304,12 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
     proto.drop_early_input();
     proto.on_prompt_tick(Clock::now());
     return true;
-  });
+  }, &cached);
   if (!done) return early(why);
+  log::info("session prompts done",
+            {{"session", id_},
+             {"cached", cached},
+             {"ms", std::round(std::chrono::duration<double, std::milli>(Clock::now() - t_prompts).count() * 10) / 10}});
   if (!alive()) return ended_early();
   proto.drop_early_input();
 

@@ -224,7 +224,7 @@ double measure_copy_bandwidth(cudaStream_t s) {
 
 // The capacity model's inputs on this device, measured after the LM loaded and before the codec
 // and the batch allocate (ppx/capacity.h).
-Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm) {
+Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm, const CudaOptions& opt) {
   cudaStream_t s = nullptr;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   double bw = 0;
@@ -244,6 +244,7 @@ Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm) {
   in.free_bytes = static_cast<double>(free_b);
   in.bandwidth = bw;
   in.codec_bytes_per_session = static_cast<double>(codec_slot_bytes_estimate(cfg.mimi));
+  in.prompt_cache_bytes = static_cast<double>(opt.prompt_cache_bytes);
   return compute_capacity(in);
 }
 
@@ -256,7 +257,7 @@ class CudaBackend : public ModelBackend {
       : lm_(!with_lm ? nullptr
             : lw     ? std::make_unique<cuda::CudaLm>(*cfg.lm, *lw, lm_options(opt))
                      : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_options(opt))),
-        capacity_(lm_ ? std::optional<Capacity>(measure_capacity(cfg, *lm_)) : std::nullopt),
+        capacity_(lm_ ? std::optional<Capacity>(measure_capacity(cfg, *lm_, opt)) : std::nullopt),
         slots_(slots > 0 ? slots : capacity_ ? capacity_->sessions : 1),
         mimi_(cfg.mimi, mw, slots_, opt.mimi_pdl),
         bins_(cfg.mimi.quantizer.bins),

@@ -161,6 +161,74 @@ void CudaLmBatch::set_slot_position(int slot, int32_t pos, uint64_t counter) {
   host_counter_[static_cast<size_t>(slot)] = counter;
 }
 
+size_t CudaLmBatch::prefix_bytes(int positions) const {
+  const LmConfig& c = lm_.config();
+  const size_t per = lm_.kv_fp8() ? static_cast<size_t>(c.dim) + sizeof(float) * c.num_heads
+                                  : sizeof(bf16) * static_cast<size_t>(c.dim);
+  return static_cast<size_t>(positions) * c.num_layers * 2 * per;
+}
+
+void CudaLmBatch::reserve_prefix_store(size_t bytes) {
+  PPX_CUDA_CHECK(cudaSetDevice(device_));
+  size_t free_b = 0, total_b = 0;
+  PPX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (static_cast<double>(bytes) > 0.9 * static_cast<double>(free_b))
+    throw Error("--prompt-cache-mb " + std::to_string(bytes >> 20) + ": " +
+                std::to_string(static_cast<double>(free_b) / 1e9).substr(0, 5) +
+                " GB of device memory are free after the KV caches; give a smaller cache or fewer --max-sessions");
+  store_.resize(bytes);
+}
+
+void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_store) {
+  const LmConfig& c = lm_.config();
+  const size_t all = static_cast<size_t>(slots_) + 1;
+  const size_t P = static_cast<size_t>(positions), L = static_cast<size_t>(c.num_layers);
+  uint8_t* dst = store_.get() + offset;
+  // One tensor [layer][slot][context][w] (w elements of `el` bytes per position): rows 0..P-1 of
+  // `slot` in every layer, packed layer after layer in the store.
+  auto tensor = [&](void* base, size_t w, size_t el) {
+    uint8_t* cache = static_cast<uint8_t*>(base) + static_cast<size_t>(slot) * c.context * w * el;
+    const size_t pitch = all * c.context * w * el, width = P * w * el;
+    // One copy per layer: the layer pitch passes cudaMemcpy2D's pitch limit (2^31) at full size.
+    for (size_t l = 0; l < L; ++l, dst += width) {
+      uint8_t* layer = cache + l * pitch;
+      PPX_CUDA_CHECK(cudaMemcpyAsync(to_store ? dst : layer, to_store ? layer : dst, width, cudaMemcpyDeviceToDevice, stream_));
+    }
+  };
+  const size_t D = static_cast<size_t>(c.dim), H = static_cast<size_t>(c.num_heads);
+  if (lm_.kv_fp8()) {
+    tensor(k8_cache_.get(), D, 1);
+    tensor(v8_cache_.get(), D, 1);
+    tensor(k_scale_.get(), H, sizeof(float));
+    tensor(v_scale_.get(), H, sizeof(float));
+  } else {
+    tensor(k_cache_.get(), D, sizeof(bf16));
+    tensor(v_cache_.get(), D, sizeof(bf16));
+  }
+}
+
+LmBatch::PrefixInfo CudaLmBatch::save_prefix(int slot, size_t offset) {
+  check_slot(slot);
+  const int64_t P = host_pos_[static_cast<size_t>(slot)];
+  if (P <= 0 || P >= lm_.config().context)
+    throw Error("save_prefix: slot " + std::to_string(slot) + " is at position " + std::to_string(P) +
+                " (a prefix needs 1 to " + std::to_string(lm_.config().context - 1) + ")");
+  if (offset + prefix_bytes(static_cast<int>(P)) > store_.size())
+    throw Error("save_prefix: past the end of the prompt cache store");
+  // Queued behind the slot's steps on the batch's stream, as every later load is.
+  copy_prefix(slot, static_cast<int>(P), offset, true);
+  return PrefixInfo{static_cast<int>(P), host_counter_[static_cast<size_t>(slot)]};
+}
+
+void CudaLmBatch::load_prefix(int slot, const PrefixInfo& info, size_t offset) {
+  check_slot(slot);
+  if (info.positions <= 0 || info.positions >= lm_.config().context ||
+      offset + prefix_bytes(info.positions) > store_.size())
+    throw Error("load_prefix: no prefix of " + std::to_string(info.positions) + " positions at that place");
+  copy_prefix(slot, info.positions, offset, false);
+  set_slot_position(slot, info.positions, info.counter);  // synchronizes
+}
+
 void CudaLmBatch::prefill(int slot, const StepRequest* reqs, int n) {
   check_slot(slot);
   if (n <= 0) return;

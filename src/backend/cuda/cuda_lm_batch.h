@@ -56,6 +56,13 @@ class CudaLmBatch : public LmBatch {
   void run(const BatchStep* steps, int n) override;
   void prefill(int slot, const StepRequest* reqs, int n) override;
   int prefill_rows() const override { return rows_; }
+  // The prompt cache's store: device memory; a prefix is its keys layer by layer, then its values
+  // (bf16; or fp8 keys, fp8 values, then their fp32 scales), one device copy per layer and tensor,
+  // queued on the batch's stream behind the slot's steps.
+  size_t prefix_bytes(int positions) const override;
+  void reserve_prefix_store(size_t bytes) override;
+  PrefixInfo save_prefix(int slot, size_t offset) override;
+  void load_prefix(int slot, const PrefixInfo& info, size_t offset) override;
 
   // Device time of the last run() (ms), measured with events.
   float last_step_ms() const { return last_ms_; }
@@ -69,6 +76,8 @@ class CudaLmBatch : public LmBatch {
   void enqueue_sample(int B, int stream_index, const float* logits, int64_t stride, int n, cudaStream_t s);
   void check_slot(int slot) const;
   void set_slot_position(int slot, int32_t pos, uint64_t counter);
+  // Copies a slot's first `positions` KV rows to (to_store) or from the store at `offset`.
+  void copy_prefix(int slot, int positions, size_t offset, bool to_store);
 
   const CudaLm& lm_;
   int slots_, rows_, dep_steps_, device_;
@@ -108,6 +117,7 @@ class CudaLmBatch : public LmBatch {
   PinnedBuffer<int32_t> h_row_pos_;
   std::vector<int64_t> host_pos_;
   std::vector<uint64_t> host_counter_;
+  DeviceBuffer<uint8_t> store_;  // the prompt cache's store (reserve_prefix_store)
 };
 
 }  // namespace ppx::cuda
