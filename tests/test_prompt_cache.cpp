@@ -3,9 +3,12 @@
 // replays them (tests/prompt_cache_test_util.h; the CUDA run is in test_cuda_lm.cpp).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/prompt_cache.h"
@@ -103,6 +106,37 @@ TEST(PromptCache, AbandonedOrUncommittedReservationsFreeTheirPlace) {
   ASSERT_TRUE(r) << "the place was not freed";
   EXPECT_EQ(r.entry().offset, 0u);
   EXPECT_EQ(c.stats().entries, 0) << "uncommitted entries are not counted";
+}
+
+// A session that asks for a prompt another session is saving waits for that save instead of
+// replaying the prompt too; a failed save, or a session that stops waiting, gets a miss.
+TEST(PromptCache, LookupWaitsForASaveInFlight) {
+  PromptCache c(100);
+  for (const int outcome : {0, 1, 2}) {  // commit, abandon, stop waiting
+    SCOPED_TRACE(outcome);
+    const std::string key = outcome == 0 ? "k0" : outcome == 1 ? "k1" : "k2";
+    PromptCache::Lease r = c.reserve(key, 10);
+    ASSERT_TRUE(r);
+    std::atomic<int> calls{0};
+    bool hit = false;
+    std::thread waiter([&] {
+      hit = static_cast<bool>(c.lookup(key, [&] { return ++calls < 1000 && outcome != 2; }));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (outcome == 0) c.commit(r, {}, {});
+    if (outcome == 1) c.abandon(r);
+    r.release();
+    waiter.join();
+    EXPECT_EQ(hit, outcome == 0);
+    EXPECT_GE(calls.load(), 1);
+    if (outcome == 2) {
+      EXPECT_EQ(calls.load(), 1);
+    }
+  }
+  EXPECT_EQ(c.stats().waits, 1);
+  EXPECT_EQ(c.stats().hits, 1);
+  EXPECT_EQ(c.stats().misses, 2);
+  EXPECT_FALSE(c.lookup("k1")) << "the abandoned save left an entry";
 }
 
 TEST(PromptCache, ZeroCapacityCachesNothing) {

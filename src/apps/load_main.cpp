@@ -50,6 +50,8 @@ struct Options {
   int tail_frames = 2;
   bool quiet = false;
   double churn = 0;  // connect/handshake/one frame/close cycles per second beside the sessions
+  std::string churn_text_prompt;  // --churn-text-prompt (default: the sessions' prompt)
+  bool churn_unique = false;      // --churn-unique-prompts: each churn session's prompt differs
 };
 
 std::string url_encode(const std::string& s) {
@@ -181,6 +183,12 @@ int body(int argc, char** argv) {
                  "frame, close), from when the last session has connected until the sessions end; "
                  "reported apart (their handshake times and failures)")
       ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--churn-text-prompt", o.churn_text_prompt,
+                 "the churn sessions' text_prompt (default: the sessions' --text-prompt)");
+  app.add_flag("--churn-unique-prompts", o.churn_unique,
+               "end each churn session's text prompt with its own number, so that no two share a "
+               "prompt (the server's prompt cache cannot serve them: their prompts start uncached; "
+               "with no prompt given, \"Conversation (N)\")");
   app.add_flag("--quiet", o.quiet, "no per-session table (failed sessions are still listed)");
   try {
     app.parse(argc, argv);
@@ -194,16 +202,32 @@ int body(int argc, char** argv) {
     if (!probe) throw ppx::Error("--json '" + o.json_path + "': cannot write there");
   }
 
-  std::string target = "/api/chat?";
-  std::string sep;
-  auto param = [&](const char* k, const std::string& v) {
-    target += sep + k + "=" + url_encode(v);
-    sep = "&";
+  if ((app.count("--churn-text-prompt") > 0 || o.churn_unique) && o.churn <= 0)
+    throw ppx::Error("--churn-text-prompt and --churn-unique-prompts need --churn");
+  // The upgrade target; `text`: the text prompt (nullptr: none given, the server's default).
+  auto make_target = [&](const std::string* text) {
+    std::string t = "/api/chat?";
+    std::string sep;
+    auto param = [&](const char* k, const std::string& v) {
+      t += sep + k + "=" + url_encode(v);
+      sep = "&";
+    };
+    if (text) param("text_prompt", *text);
+    if (voice_given) param("voice_prompt", o.voice);
+    if (!o.api_key.empty()) param("api_key", o.api_key);
+    if (sep.empty()) t.pop_back();  // no '?' without parameters
+    return t;
   };
-  if (prompt_given) param("text_prompt", o.text_prompt);
-  if (voice_given) param("voice_prompt", o.voice);
-  if (!o.api_key.empty()) param("api_key", o.api_key);
-  if (sep.empty()) target.pop_back();  // no '?' without parameters
+  const std::string target = make_target(prompt_given ? &o.text_prompt : nullptr);
+  const bool churn_prompt_given = app.count("--churn-text-prompt") > 0;
+  // Churn session c's target.
+  auto churn_target = [&](int c) {
+    const std::string* base = churn_prompt_given ? &o.churn_text_prompt : prompt_given ? &o.text_prompt : nullptr;
+    if (!o.churn_unique) return make_target(base);
+    // With no prompt given, a short one of its own number.
+    const std::string text = (base ? *base + " " : std::string("Conversation ")) + "(" + std::to_string(c) + ")";
+    return make_target(&text);
+  };
 
   const auto t_prep = Clock::now();
   const auto audio = prepare_audio(o, frames);
@@ -251,6 +275,7 @@ int body(int argc, char** argv) {
                                        std::chrono::duration<double, std::milli>(o.ramp_ms * o.sessions));
     for (int c = 0; c < churn_n; ++c) {
       churn[static_cast<size_t>(c)].id = o.sessions + c;
+      cso.target = churn_target(c);
       const auto at = t_churn + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c / o.churn));
       ppx::load::start_session(ioc, cso, endpoints, one, at, churn[static_cast<size_t>(c)], [] {});
     }
@@ -365,6 +390,8 @@ int body(int argc, char** argv) {
     p["handshake_timeout_s"] = o.handshake_timeout_s;
     p["io_threads"] = o.io_threads;
     p["churn_per_s"] = o.churn;
+    p["churn_text_prompt"] = churn_prompt_given ? json(o.churn_text_prompt) : json(nullptr);
+    p["churn_unique_prompts"] = o.churn_unique;
     out["parameters"] = p;
     out["server"] = health;
     json r;

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <chrono>
 #include <cstring>
 #include <iterator>
 
@@ -94,9 +95,10 @@ void PromptCache::Lease::release() {
 }
 
 void PromptCache::unpin(Entry* e) {
-  std::lock_guard<std::mutex> lk(mu_);
-  --e->pins;
-  if (e->pins == 0 && (e->dropped || !e->ready)) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --e->pins;
+    if (e->pins > 0 || (!e->dropped && e->ready)) return;
     // A reservation whose save failed or never got committed: its place is free again.
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (&*it == e) {
@@ -105,17 +107,34 @@ void PromptCache::unpin(Entry* e) {
       }
     }
   }
+  cv_.notify_all();  // sessions waiting for it replay the prompt themselves
 }
 
-PromptCache::Lease PromptCache::lookup(const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
-  for (Entry& e : entries_) {
-    if (e.key == key && e.ready && !e.dropped) {
+PromptCache::Lease PromptCache::lookup(const std::string& key, const std::function<bool()>& keep_waiting) {
+  std::unique_lock<std::mutex> lk(mu_);
+  bool waited = false;
+  while (true) {
+    Entry* pending = nullptr;
+    for (Entry& e : entries_) {
+      if (e.key != key || e.dropped) continue;
+      if (!e.ready) {
+        pending = &e;
+        break;
+      }
       ++e.pins;
       e.last_use = ++clock_;
       ++stats_.hits;
+      stats_.waits += waited ? 1 : 0;
       return Lease(this, &e);
     }
+    if (!pending || !keep_waiting) break;
+    // Another session is saving this prompt: wait for its commit (or its failure).
+    cv_.wait_for(lk, std::chrono::milliseconds(20));
+    waited = true;
+    lk.unlock();
+    const bool go_on = keep_waiting();
+    lk.lock();
+    if (!go_on) break;
   }
   ++stats_.misses;
   return Lease();
@@ -168,12 +187,16 @@ void PromptCache::commit(const Lease& l, const LmBatch::PrefixInfo& prefix, LmGe
   l.entry_->gen = std::move(gen);
   l.entry_->ready = true;
   ++stats_.inserts;
+  cv_.notify_all();
 }
 
 void PromptCache::abandon(const Lease& l) {
   if (!l || l.cache_ != this) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  l.entry_->dropped = true;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    l.entry_->dropped = true;
+  }
+  cv_.notify_all();
 }
 
 PromptCache::Stats PromptCache::stats() {

@@ -7,13 +7,16 @@
 // themselves are the frame scheduler's jobs (LmScheduler::run_system_prompts), queued in order
 // with the batch steps, so a save always lands before any load of that entry. Entries are placed
 // first-fit in the arena; to make room the least recently used entries that no session is loading
-// are dropped. An entry is visible to lookups only once its save is queued ahead of them.
+// are dropped. An entry is visible to lookups only once its save is queued ahead of them; sessions
+// that arrive with the same prompt meanwhile wait for it rather than replaying it too.
 //
 // Thread-safe: sessions look up and insert from their own threads.
 #pragma once
 
 #include <cstddef>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -70,8 +73,10 @@ class PromptCache {
   PromptCache& operator=(const PromptCache&) = delete;
 
   size_t capacity() const { return capacity_; }
-  // A ready entry of `key`, held (a hit), or an empty lease (a miss).
-  Lease lookup(const std::string& key);
+  // A ready entry of `key`, held (a hit), or an empty lease (a miss). While another session is
+  // saving that key (reserved, not yet committed) and `keep_waiting` is given, waits for it instead
+  // of missing, calling keep_waiting() every 20 ms; false from it ends the wait with a miss.
+  Lease lookup(const std::string& key, const std::function<bool()>& keep_waiting = {});
   // Room for a new entry of `bytes` bytes under `key`, held and not yet ready; an empty lease when
   // the key is already there (another session is saving it), the entry would not fit in the whole
   // store, or every entry in the way is held.
@@ -83,6 +88,7 @@ class PromptCache {
 
   struct Stats {
     int64_t hits = 0, misses = 0, inserts = 0, evictions = 0, skipped = 0;  // skipped: not cached
+    int64_t waits = 0;  // hits that waited for another session's save
     int entries = 0;
     size_t used_bytes = 0, capacity_bytes = 0;
   };
@@ -93,6 +99,7 @@ class PromptCache {
 
   const size_t capacity_;
   std::mutex mu_;
+  std::condition_variable cv_;  // an entry was committed or dropped
   std::list<Entry> entries_;  // sorted by offset (first-fit placement)
   uint64_t clock_ = 0;
   Stats stats_;

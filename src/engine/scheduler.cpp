@@ -142,12 +142,13 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
   conv.check_system_prompts(p);  // the same refusals as a replay, before any lookup
   const LmGenConfig& gen = conv.gen_config();
   const std::string key = prompt_cache_key(p, gen);
-  if (PromptCache::Lease hit = cache_->lookup(key)) {
+  const int64_t total = system_prompt_steps(p, conv.frame_samples(), gen.audio_silence_frame_cnt);
+  // While another session saves this prompt, wait for it (the session's own checks go on).
+  if (PromptCache::Lease hit = cache_->lookup(key, [&] { return !on_step || on_step(0, total); })) {
     const PromptCache::Entry& e = hit.entry();
     slot->load_prefix(e.prefix, e.offset);
     conv.restore_prompts(e.gen);
     if (cached) *cached = true;
-    const int64_t total = system_prompt_steps(p, conv.frame_samples(), gen.audio_silence_frame_cnt);
     return !on_step || on_step(total, total);
   }
   if (!conv.run_system_prompts(p, on_step)) return false;
