@@ -20,6 +20,8 @@
 #   LOAD_FLAGS [""]              added to personaplex-load (split on spaces)
 #   TEXT_PROMPT_FILE [""]        every session's text prompt: this file's text (e.g.
 #                                bench/prompts/long_prompt.txt, ~1000 tokens)
+#   CHURN_PROMPT_FILE [""]       the churn sessions' text prompt (with LOAD_FLAGS=--churn R; add
+#                                --churn-unique-prompts there to keep them out of the prompt cache)
 #   TIME_BUDGET_S [510]          a run that would end past this many seconds is skipped
 #   MAX_SESSIONS_EXTRA [0]       server slots beyond the largest count (room for LOAD_FLAGS=--churn)
 #   PPX_BIN_DIR                  take the binaries from this folder instead of unpacking devpkg
@@ -121,13 +123,14 @@ run_load() {
   wait_idle
   local prompt=()
   [ -n "${TEXT_PROMPT_FILE:-}" ] && prompt=(--text-prompt "$(cat "$TEXT_PROMPT_FILE")")
+  [ -n "${CHURN_PROMPT_FILE:-}" ] && prompt+=(--churn-text-prompt "$(cat "$CHURN_PROMPT_FILE")")
   # shellcheck disable=SC2086
   "$B/personaplex-load" --port "$port" --sessions "$n" --duration "$duration" \
     --ramp-ms "$ramp_ms" --quiet --json "$OUT/load_$name.json" "${prompt[@]}" ${LOAD_FLAGS:-} \
     >"$OUT/load_$name.log" 2>&1
   local rc=$?
   echo "load $name rc=$rc: $(grep -E '^ +all ' "$OUT/load_$name.log")" >>"$summary"
-  grep -E '^handshake' "$OUT/load_$name.log" | sed 's/^/    /' >>"$summary"
+  grep -E '^(handshake|churn)' "$OUT/load_$name.log" | sed 's/^/    /' >>"$summary"
   [ -s "$OUT/load_$name.json" ] && runs+=("$name")
 }
 

@@ -141,3 +141,19 @@ TEST(Capacity, RejectsNonsense) {
 }
 
 }  // namespace
+
+// --prompt-cache-mb auto: a tenth of the free memory, at most 4 GiB; the model counts what it is
+// given and says so.
+TEST(Capacity, AutoPromptCacheIsATenthOfFreeMemoryUpTo4GiB) {
+  EXPECT_EQ(ppx::auto_prompt_cache_bytes(0), 0.0);
+  EXPECT_DOUBLE_EQ(ppx::auto_prompt_cache_bytes(20e9), 2e9);
+  EXPECT_DOUBLE_EQ(ppx::auto_prompt_cache_bytes(140e9), 4.0 * (1 << 30));
+  ppx::CapacityInputs in;
+  in.lm = *full_size().lm;
+  in.free_bytes = 100e9;
+  in.prompt_cache_bytes = 3e9;
+  const ppx::Capacity with = ppx::compute_capacity(in);
+  EXPECT_EQ(with.prompt_cache_bytes, 3e9);
+  in.prompt_cache_bytes = 0;
+  EXPECT_GE(ppx::compute_capacity(in).memory_sessions, with.memory_sessions);
+}

@@ -72,7 +72,8 @@ struct CudaOptions {
   // by make_cuda_backend on its calling thread and by ModelBackend::attach_thread on others.
   int device = 0;
   // The server's prompt cache store (--prompt-cache-mb), allocated later by the LM batch: the
-  // computed capacity keeps this much device memory free for it.
+  // computed capacity keeps this much device memory free for it (Capacity::prompt_cache_bytes);
+  // kPromptCacheAuto (ppx/capacity.h): auto_prompt_cache_bytes() of the free memory.
   size_t prompt_cache_bytes = 0;
 };
 

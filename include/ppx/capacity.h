@@ -5,6 +5,7 @@
 // (docs/CLI.md). Pure arithmetic, so that it is tested on the CPU with any device's numbers.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 
@@ -48,6 +49,14 @@ inline constexpr double kKvStreamEfficiency = 0.7;
 // session costs ~0.65 ms of an 80 ms frame at short context.
 inline constexpr double kSessionFixedMs = 0.6;
 
+// --prompt-cache-mb auto (CudaOptions::prompt_cache_bytes == kPromptCacheAuto): the prompt cache
+// takes a tenth of the free memory after the LM loaded, at most 4 GiB (15 prompts of 1000 text
+// tokens with --kv-fp8, 7 with the bf16 KV cache; hundreds of the default prompt).
+inline constexpr size_t kPromptCacheAuto = ~size_t{0};
+inline double auto_prompt_cache_bytes(double free_bytes) {
+  return free_bytes <= 0 ? 0 : std::min(4.0 * (1 << 30), 0.1 * free_bytes);
+}
+
 // The sessions a server may hold at most (--max-sessions' range).
 inline constexpr int kMaxSessionsLimit = 256;
 
@@ -86,6 +95,7 @@ struct Capacity {
   double session_step_ms = 0;             // each full-context session's share of a frame (KV reads + fixed)
   double bandwidth = 0;                   // the input's copy rate (bytes/s); 0: unknown
   double free_bytes = 0;                  // the input's free memory
+  double prompt_cache_bytes = 0;          // the input's prompt cache (what memory_sessions left for it)
 };
 
 // The capacity model above. Throws ppx::Error on inputs that make no sense (negative bytes, a

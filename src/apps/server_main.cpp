@@ -43,9 +43,12 @@ void log_capacity(const std::optional<ppx::Capacity>& cap, const ppx::server::Se
     msg += "not modelled on this device, ";
   }
   msg += "using " + std::to_string(o.max_sessions) +
-         (o.max_sessions_source == "given" ? " (--max-sessions)" : "");
+         (o.max_sessions_source == "given" ? " (--max-sessions)" : "") + "; prompt cache " +
+         std::to_string(o.prompt_cache_bytes >> 20) + " MiB";
   if (!cap) {
-    ppx::server::log::info(msg, {{"max_sessions", o.max_sessions}, {"source", o.max_sessions_source}});
+    ppx::server::log::info(msg, {{"max_sessions", o.max_sessions},
+                                 {"source", o.max_sessions_source},
+                                 {"prompt_cache_bytes", o.prompt_cache_bytes}});
     return;
   }
   ppx::server::log::info(
@@ -56,7 +59,8 @@ void log_capacity(const std::optional<ppx::Capacity>& cap, const ppx::server::Se
              cap->bandwidth_sessions ? nlohmann::json(*cap->bandwidth_sessions) : nlohmann::json()},
             {"bandwidth_gb_s", cap->bandwidth / 1e9},
             {"free_gb", cap->free_bytes / 1e9},
-            {"gb_per_session", cap->bytes_per_session / 1e9}});
+            {"gb_per_session", cap->bytes_per_session / 1e9},
+            {"prompt_cache_bytes", o.prompt_cache_bytes}});
 }
 
 int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api_key_given,
@@ -78,6 +82,11 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
   // --max-sessions wins (the batch then refuses a count whose KV caches do not fit); without it the
   // device's capacity, or 1 where it is not modelled (the CPU).
   const std::optional<ppx::Capacity> cap = m.backend->capacity();
+  // The prompt cache: as given, or auto (the capacity model's choice on CUDA; 1 GiB on the CPU).
+  if (mf.prompt_cache_bytes != ppx::kPromptCacheAuto)
+    o.prompt_cache_bytes = mf.prompt_cache_bytes;
+  else
+    o.prompt_cache_bytes = cap ? static_cast<size_t>(cap->prompt_cache_bytes) : size_t{1} << 30;
   if (max_sessions_given) {
     o.max_sessions_source = "given";
   } else if (cap) {
@@ -201,13 +210,30 @@ int serve(int argc, char** argv) {
   app.add_flag("--per-session-codec", per_session_codec,
                "each session runs its own codec stream on its worker thread instead of the batched "
                "codec scheduler (for comparison; the default batches every session's frames)");
-  int prompt_cache_mb = 1024;
+  std::string prompt_cache_mb = "auto";
   app.add_option("--prompt-cache-mb", prompt_cache_mb,
                  "memory (MiB; device memory on CUDA, counted against --max-sessions' computed "
                  "capacity) that keeps the LM state a voice and text prompt leave, so that later "
-                 "sessions with the same prompts start without replaying them; 0: off")
+                 "sessions with the same prompts start without replaying them; 0: off; auto: on "
+                 "CUDA a tenth of the free memory after the model loads, at most 4096; on the CPU 1024")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check([](const std::string& v) -> std::string {
+        if (v == "auto") return "";
+        try {
+          size_t used = 0;
+          const long n = std::stol(v, &used);
+          if (used == v.size() && n >= 0 && n <= (1L << 20)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be auto or a whole number of MiB from 0 to 1048576";
+      });
+  app.add_option("--batch-window-ms", o.batch_window_ms,
+                 "the LM scheduler starts a batch step at most this often (ms) unless every "
+                 "session's step is in, so that sessions whose frames arrive at different moments "
+                 "share steps (each step reads the weights once); adds up to this much latency to a "
+                 "frame. 0: a step starts as soon as any session's frame is ready")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 80.0));
   std::string log_level = "info";
   bool log_json = false;
   app.add_option("--log-level", log_level, "log messages of this level and above on stderr")
@@ -218,8 +244,8 @@ int serve(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     o.codec_batch = !per_session_codec;
-    o.prompt_cache_bytes = static_cast<size_t>(prompt_cache_mb) << 20;
-    mf.prompt_cache_bytes = o.prompt_cache_bytes;
+    mf.prompt_cache_bytes =
+        prompt_cache_mb == "auto" ? ppx::kPromptCacheAuto : static_cast<size_t>(std::stol(prompt_cache_mb)) << 20;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }

@@ -43,6 +43,7 @@ Capacity compute_capacity(const CapacityInputs& in) {
   Capacity cap;
   cap.bandwidth = in.bandwidth;
   cap.free_bytes = in.free_bytes;
+  cap.prompt_cache_bytes = in.prompt_cache_bytes;
   const double slot = static_cast<double>(lm_slot_bytes(in.lm, in.kv));
   cap.bytes_per_session = slot + in.codec_bytes_per_session;
   cap.read_bytes_per_session = static_cast<double>(lm_slot_read_bytes(in.lm, in.kv));

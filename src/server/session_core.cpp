@@ -309,6 +309,7 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   log::info("session prompts done",
             {{"session", id_},
              {"cached", cached},
+             {"steps", system_prompt_steps(prompt, m.frame_samples, p.gen.audio_silence_frame_cnt)},
              {"ms", std::round(std::chrono::duration<double, std::milli>(Clock::now() - t_prompts).count() * 10) / 10}});
   if (!alive()) return ended_early();
   proto.drop_early_input();

@@ -23,6 +23,8 @@ resp=$(timeout 10 cat <&3)
 exec 3<&-
 echo "$resp" | tail -n 1
 grep -q '"status":"ok"' <<<"$resp" || { echo "bad /health answer"; exit 1; }
+# The prompt cache is on by default (auto: 1 GiB on the CPU).
+grep -q '"prompt_cache":{"capacity_bytes":1073741824,' <<<"$resp" || { echo "no default prompt cache in /health"; exit 1; }
 kill -TERM "$pid"
 wait "$pid"
 rc=$?

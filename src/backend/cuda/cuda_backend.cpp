@@ -244,7 +244,8 @@ Capacity measure_capacity(const ModelConfig& cfg, const cuda::CudaLm& lm, const 
   in.free_bytes = static_cast<double>(free_b);
   in.bandwidth = bw;
   in.codec_bytes_per_session = static_cast<double>(codec_slot_bytes_estimate(cfg.mimi));
-  in.prompt_cache_bytes = static_cast<double>(opt.prompt_cache_bytes);
+  in.prompt_cache_bytes = opt.prompt_cache_bytes == kPromptCacheAuto ? auto_prompt_cache_bytes(in.free_bytes)
+                                                                     : static_cast<double>(opt.prompt_cache_bytes);
   return compute_capacity(in);
 }
 
