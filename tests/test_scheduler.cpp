@@ -4,7 +4,6 @@
 // the sessions in it and nothing else.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <random>
 #include <thread>
@@ -34,7 +33,7 @@ struct TinyLm {
   std::unique_ptr<ModelBackend> backend = make_cpu_backend(nullptr, std::make_unique<Lm>(*cfg.lm, lw));
 };
 
-void batched_equals_alone(bool sampling, double window_ms = 0) {
+void batched_equals_alone(bool sampling) {
   TinyLm t;
   const int half = t.cfg.lm->n_q / 2;
   constexpr int kSlots = 64, kSessions = 80;  // 16 sessions reuse slots others left
@@ -49,7 +48,7 @@ void batched_equals_alone(bool sampling, double window_ms = 0) {
   }
   // Batched: the first 64 start staggered and end at different lengths; sessions 64.. take the
   // slot of session i - 64 as soon as it leaves, while the others are mid-stream.
-  LmScheduler sched(t.backend->lm_batch(kSlots, -1), {}, 0, 0, window_ms);
+  LmScheduler sched(t.backend->lm_batch(kSlots, -1));
   std::vector<std::vector<int64_t>> batched(kSessions);
   std::vector<std::thread> threads;
   for (int slot = 0; slot < kSlots; ++slot) {
@@ -83,32 +82,6 @@ void batched_equals_alone(bool sampling, double window_ms = 0) {
 TEST(Scheduler, GreedyTokensAloneEqualBeside63Others) { batched_equals_alone(false); }
 
 TEST(Scheduler, SampledTokensAloneEqualBeside63Others) { batched_equals_alone(true); }
-
-// With a batching window the passes wait for more steps; a session's tokens do not change.
-TEST(Scheduler, SampledTokensAloneEqualWithABatchWindow) { batched_equals_alone(true, 2.0); }
-
-// A window never holds a step longer than the window, also when the other open session is idle:
-// 20 steps of one session beside an idle one take about 20 windows, not forever; alone (every open
-// session's step in) a pass does not wait at all.
-TEST(Scheduler, BatchWindowBoundsTheWait) {
-  TinyLm t;
-  const Script s = make_script(t.cfg, 3, false);
-  const int half = t.cfg.lm->n_q / 2;
-  LmScheduler sched(t.backend->lm_batch(2, -1), {}, 0, 0, 20.0);
-  auto alone = sched.open(0, s.gen, s.seed);
-  auto t0 = std::chrono::steady_clock::now();
-  const auto want = play(*t.backend->lm_stepper(s.gen, s.seed, -1), s, half);
-  EXPECT_EQ(play(*alone, s, half), want);
-  const double alone_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(alone_ms, 20.0 * s.steps / 2) << "a lone session waited for the window";
-  auto idle = sched.open(1, s.gen, s.seed + 1);  // opened, never stepped
-  auto again = sched.open(0, s.gen, s.seed);
-  t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(play(*again, s, half), want);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(ms, 20.0 * (s.prompt_steps + s.steps + 4) + 500) << "the window held steps past its length";
-  EXPECT_THROW(LmScheduler(t.backend->lm_batch(1, -1), {}, 0, 0, -1.0), Error);
-}
 
 // A batch whose step throws fails exactly the sessions in it; the scheduler goes on serving.
 TEST(Scheduler, AFailedStepFailsItsSessionsOnly) {

@@ -227,13 +227,6 @@ int serve(int argc, char** argv) {
         }
         return "must be auto or a whole number of MiB from 0 to 1048576";
       });
-  app.add_option("--batch-window-ms", o.batch_window_ms,
-                 "the LM scheduler starts a batch step at most this often (ms) unless every "
-                 "session's step is in, so that sessions whose frames arrive at different moments "
-                 "share steps (each step reads the weights once); adds up to this much latency to a "
-                 "frame. 0: a step starts as soon as any session's frame is ready")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 80.0));
   std::string log_level = "info";
   bool log_json = false;
   app.add_option("--log-level", log_level, "log messages of this level and above on stderr")

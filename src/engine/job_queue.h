@@ -4,7 +4,6 @@
 // it as one pass, and marks it done (or puts some back at the front for the next pass).
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -60,17 +59,6 @@ class JobQueue {
     }
     done_cv_.notify_all();
     return waiting;
-  }
-
-  // Worker side, after take(): waits until `enough(queued)` holds for the jobs queued since (a
-  // const vector of them), stop() was called, or `deadline` passed; then appends those jobs to
-  // `out`. The batching window of a scheduler pass.
-  template <class Pred>
-  void gather(std::vector<Job*>& out, std::chrono::steady_clock::time_point deadline, Pred enough) {
-    std::unique_lock<std::mutex> lk(mu_);
-    work_cv_.wait_until(lk, deadline, [&] { return stopping_ || enough(static_cast<const std::vector<Job*>&>(pending_)); });
-    out.insert(out.end(), pending_.begin(), pending_.end());
-    pending_.clear();
   }
 
   // Runs `f` under the queue's lock (for state the worker and callers share).

@@ -121,10 +121,9 @@ class LmScheduler::SlotStepper : public LmStepper {
 };
 
 LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk,
-                         size_t prompt_cache_bytes, double batch_window_ms)
-    : batch_(std::move(batch)), on_step_(std::move(on_step)), window_ms_(batch_window_ms) {
+                         size_t prompt_cache_bytes)
+    : batch_(std::move(batch)), on_step_(std::move(on_step)) {
   if (!batch_) throw Error("LmScheduler: no LM batch");
-  if (!(batch_window_ms >= 0 && batch_window_ms <= 1000)) throw Error("LmScheduler: batch window outside 0..1000 ms");
   slots_ = batch_->slots();
   prefill_chunk_ = std::max(1, std::min(prefill_chunk > 0 ? prefill_chunk : batch_->prefill_rows(), batch_->prefill_rows()));
   if (prompt_cache_bytes > 0 && batch_->prefix_bytes(1) > 0) {
@@ -199,23 +198,7 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
-  int open_slots = 0;  // opened and not closed (the steps a pass can hold at most)
-  using Clock = std::chrono::steady_clock;
-  const auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(window_ms_));
-  Clock::time_point last_start{};
-  auto count_steps = [](const std::vector<Job*>& js) {
-    return static_cast<int>(std::count_if(js.begin(), js.end(), [](const Job* j) { return j->kind == Kind::kStep; }));
-  };
   while (queue_.take(jobs)) {
-    if (window_ms_ > 0) {
-      // The batching window: a step that arrives soon after the previous pass began waits for the
-      // others due about then, unless every open session already has its step here.
-      const int steps_now = count_steps(jobs);
-      const auto until = last_start + window;
-      if (steps_now > 0 && steps_now < open_slots && Clock::now() < until)
-        queue_.gather(jobs, until, [&](const std::vector<Job*>& q) { return steps_now + count_steps(q) >= open_slots; });
-    }
-    last_start = Clock::now();
     // Slot control first, in the order asked (a session has one job at a time, so a slot's open
     // always precedes its first step). Then one batch step for every step job.
     steps.clear();
@@ -247,15 +230,9 @@ void LmScheduler::loop() {
       }
       try {
         switch (j->kind) {
-          case Kind::kOpen:
-            batch_->open(j->step.slot, *j->gen, j->seed);
-            ++open_slots;
-            break;
+          case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
           case Kind::kReset: batch_->reset(j->step.slot); break;
-          case Kind::kClose:
-            open_slots = std::max(0, open_slots - 1);
-            batch_->close(j->step.slot);
-            break;
+          case Kind::kClose: batch_->close(j->step.slot); break;
           case Kind::kSavePrefix: j->prefix = batch_->save_prefix(j->step.slot, j->offset); break;
           case Kind::kLoadPrefix: batch_->load_prefix(j->step.slot, j->prefix, j->offset); break;
           case Kind::kStep:

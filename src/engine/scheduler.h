@@ -37,12 +37,8 @@ class LmScheduler {
   // prefill_chunk: prompt positions per prefill job; 0: the batch's prefill_rows(), 1: no prefill
   // (every prompt step a batch step). prompt_cache_bytes: the prompt cache's store (0: no cache;
   // a backend without a store keeps none either). Throws ppx::Error when the store does not fit.
-  // batch_window_ms: a pass that would start sooner than this after the previous one began waits
-  // until then (or until every open slot has a step queued), so that steps arriving meanwhile join
-  // it: fewer, larger batch steps, each reading the weights once, at up to this much added latency
-  // per step. 0: every pass starts at once (the batch is whatever is queued).
   explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0,
-                       size_t prompt_cache_bytes = 0, double batch_window_ms = 0);
+                       size_t prompt_cache_bytes = 0);
   ~LmScheduler();  // serves what is queued, then stops
   LmScheduler(const LmScheduler&) = delete;
   LmScheduler& operator=(const LmScheduler&) = delete;
@@ -95,7 +91,6 @@ class LmScheduler {
   StepObserver on_step_;
   int slots_ = 0;
   int prefill_chunk_ = 1;
-  double window_ms_ = 0;
   std::unique_ptr<PromptCache> cache_;  // nullptr: none
   JobQueue<Job> queue_{"LM scheduler"};
   Totals totals_;  // under the queue's lock

@@ -627,7 +627,7 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
   hub.scheduler = std::make_unique<LmScheduler>(
       model.backend->lm_batch(opts.max_sessions, model.dep_steps),
       [metrics = &hub.metrics](const LmScheduler::StepInfo& i) { metrics->batch_step(i.batch, i.ms, i.waiting); },
-      0, opts.prompt_cache_bytes, opts.batch_window_ms);
+      0, opts.prompt_cache_bytes);
   if (opts.codec_batch)
     hub.codec = std::make_unique<CodecScheduler>(
         model.backend->codec_batch(opts.max_sessions),

@@ -59,9 +59,6 @@ struct ServerOptions {
   // The prompt cache's store (--prompt-cache-mb): sessions whose voice and text prompt were seen
   // before load the state those prompts left instead of replaying them. 0: no cache.
   size_t prompt_cache_bytes = 0;
-  // The LM scheduler's batching window (--batch-window-ms; LmScheduler): a batch step starts at
-  // most this often unless every session's step is in, so staggered sessions share steps.
-  double batch_window_ms = 0;
 };
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.
