@@ -53,10 +53,9 @@ inline void play_prompt(LmGen& gen, const Script& s, int half) {
              s.prompt_text[static_cast<size_t>(i)]);
 }
 
-// Runs a script on `stepper` (its prompt, then its steps) and returns every token the session
+// Runs a script on `gen` (its prompt, then its steps) and returns every token the session
 // produced after the prompt, in order.
-inline std::vector<int64_t> play(LmStepper& stepper, const Script& s, int half) {
-  LmGen gen(stepper, s.gen);
+inline std::vector<int64_t> play_on(LmGen& gen, const Script& s, int half) {
   play_prompt(gen, s, half);
   std::vector<int64_t> out;
   for (int i = 0; i < s.steps; ++i) {
@@ -64,6 +63,12 @@ inline std::vector<int64_t> play(LmStepper& stepper, const Script& s, int half) 
     if (frame) out.insert(out.end(), frame->begin(), frame->end());
   }
   return out;
+}
+
+// The same on a fresh LmGen over `stepper`.
+inline std::vector<int64_t> play(LmStepper& stepper, const Script& s, int half) {
+  LmGen gen(stepper, s.gen);
+  return play_on(gen, s, half);
 }
 
 }  // namespace ppx::test

@@ -52,6 +52,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     flush();
     Job j;
     j.step = BatchStep{slot_, &req, &out, logits};
+    j.queued = std::chrono::steady_clock::now();
     s_.queue_.submit(j);
   }
 
@@ -242,6 +243,18 @@ void LmScheduler::loop() {
         j->error = std::current_exception();
       }
     }
+    // Prefill only while the live sessions are served in time (see kPrefillMaxStepWaitMs).
+    bool deferred = false;
+    if (prefill && !step_jobs.empty()) {
+      auto oldest = step_jobs.front()->queued;
+      for (const Job* j : step_jobs) oldest = std::min(oldest, j->queued);
+      if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - oldest).count() >
+          kPrefillMaxStepWaitMs) {
+        later.insert(later.begin(), prefill);
+        prefill = nullptr;
+        deferred = true;
+      }
+    }
     double ms = 0;
     if (!steps.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -271,6 +284,7 @@ void LmScheduler::loop() {
         ++totals_.prefills;
         totals_.prefill_positions += prefilled;
       }
+      totals_.prefill_deferrals += deferred ? 1 : 0;
       if (!steps.empty()) {
         ++totals_.steps;
         totals_.items += static_cast<int64_t>(steps.size());

@@ -9,6 +9,7 @@
 // The network and session threads never touch the backend's LM themselves.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -67,7 +68,12 @@ class LmScheduler {
     int max_batch = 0;
     int64_t prefills = 0;           // prefill jobs
     int64_t prefill_positions = 0;  // prompt positions in them
+    int64_t prefill_deferrals = 0;  // passes that put a prefill job off (live steps were late)
   };
+  // A pass whose oldest step waited longer than this in the queue runs no prefill job (it waits
+  // for a pass that finds the live sessions served in time): system prompts take the time the
+  // live sessions leave instead of slowing them. Prompt starts wait while the server is full.
+  static constexpr double kPrefillMaxStepWaitMs = 25;
   Totals totals();
 
  private:
@@ -78,6 +84,7 @@ class LmScheduler {
     BatchStep step;
     const StepRequest* prefill = nullptr;  // kPrefill: `prefill_n` requests of step.slot
     int prefill_n = 0;
+    std::chrono::steady_clock::time_point queued{};  // kStep: when it was queued
     size_t offset = 0;             // kSavePrefix, kLoadPrefix: the place in the store
     LmBatch::PrefixInfo prefix;    // kSavePrefix: out; kLoadPrefix: in
     const LmGenConfig* gen = nullptr;
