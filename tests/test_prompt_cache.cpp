@@ -220,3 +220,32 @@ TEST(PromptCache, PromptLargerThanTheStoreIsReplayed) {
   for (int i = 0; i < 2; ++i) EXPECT_FALSE(test::converse(*t.backend, sched, 0, p, gen, 1, 2).cached);
   EXPECT_EQ(sched.prompt_cache()->stats().skipped, 2);
 }
+
+// Sessions that start together with a new prompt: one replays and saves it, the others wait for
+// that save and load it; every one's tokens are the replay's.
+TEST(PromptCache, SessionsArrivingTogetherReplayAPromptOnce) {
+  TinyModel t;
+  SystemPrompt p;
+  p.voice = load_voice_embeddings(test::data("voice_tiny_a.pt"));
+  p.text_tokens = {5, 17, 300, 42};
+  LmGenConfig gen = *t.cfg.lm_gen;
+  constexpr int kSessions = 4;
+  LmScheduler plain(t.backend->lm_batch(1, -1));
+  const test::PromptRun ref = test::converse(*t.backend, plain, 0, p, gen, 21, 4);
+  LmScheduler sched(t.backend->lm_batch(kSessions, -1), {}, 0, 64u << 20);
+  std::vector<test::PromptRun> runs(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i)
+    threads.emplace_back([&, i] { runs[static_cast<size_t>(i)] = test::converse(*t.backend, sched, i, p, gen, 21, 4); });
+  for (auto& th : threads) th.join();
+  int cached = 0;
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.tokens, ref.tokens);
+    cached += r.cached ? 1 : 0;
+  }
+  EXPECT_EQ(cached, kSessions - 1);
+  const PromptCache::Stats s = sched.prompt_cache()->stats();
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.hits, kSessions - 1);
+  EXPECT_EQ(s.inserts, 1);
+}

@@ -110,7 +110,8 @@ void PromptCache::unpin(Entry* e) {
   cv_.notify_all();  // sessions waiting for it replay the prompt themselves
 }
 
-PromptCache::Lease PromptCache::lookup(const std::string& key, const std::function<bool()>& keep_waiting) {
+PromptCache::Acquired PromptCache::acquire(const std::string& key, size_t reserve_bytes,
+                                           const std::function<bool()>& keep_waiting) {
   std::unique_lock<std::mutex> lk(mu_);
   bool waited = false;
   while (true) {
@@ -125,9 +126,15 @@ PromptCache::Lease PromptCache::lookup(const std::string& key, const std::functi
       e.last_use = ++clock_;
       ++stats_.hits;
       stats_.waits += waited ? 1 : 0;
-      return Lease(this, &e);
+      return Acquired{Lease(this, &e), true};
     }
-    if (!pending || !keep_waiting) break;
+    if (!pending) {
+      // Unknown: a miss, and (asked for) the place to save it, in the same step, so that of the
+      // sessions arriving together with a new prompt one replays it and the others wait.
+      ++stats_.misses;
+      return Acquired{reserve_bytes > 0 ? reserve_locked(key, reserve_bytes) : Lease(), false};
+    }
+    if (!keep_waiting) break;
     // Another session is saving this prompt: wait for its commit (or its failure).
     cv_.wait_for(lk, std::chrono::milliseconds(20));
     waited = true;
@@ -137,7 +144,11 @@ PromptCache::Lease PromptCache::lookup(const std::string& key, const std::functi
     if (!go_on) break;
   }
   ++stats_.misses;
-  return Lease();
+  return Acquired{Lease(), false};
+}
+
+PromptCache::Lease PromptCache::lookup(const std::string& key, const std::function<bool()>& keep_waiting) {
+  return acquire(key, 0, keep_waiting).lease;
 }
 
 PromptCache::Lease PromptCache::reserve(const std::string& key, size_t bytes) {
@@ -145,6 +156,10 @@ PromptCache::Lease PromptCache::reserve(const std::string& key, size_t bytes) {
   for (const Entry& e : entries_) {
     if (e.key == key && !e.dropped) return Lease();  // there, or being saved by another session
   }
+  return reserve_locked(key, bytes);
+}
+
+PromptCache::Lease PromptCache::reserve_locked(const std::string& key, size_t bytes) {
   if (bytes == 0 || bytes > capacity_) {
     ++stats_.skipped;
     return Lease();

@@ -77,6 +77,14 @@ class PromptCache {
   // saving that key (reserved, not yet committed) and `keep_waiting` is given, waits for it instead
   // of missing, calling keep_waiting() every 20 ms; false from it ends the wait with a miss.
   Lease lookup(const std::string& key, const std::function<bool()>& keep_waiting = {});
+  // lookup() and, on a miss, reserve() in one step: `hit` with the entry held, or a miss with a
+  // held reservation of `reserve_bytes` (empty: no room, or reserve_bytes 0, or the wait was given
+  // up). What a session starting its prompts asks.
+  struct Acquired {
+    Lease lease;
+    bool hit = false;
+  };
+  Acquired acquire(const std::string& key, size_t reserve_bytes, const std::function<bool()>& keep_waiting = {});
   // Room for a new entry of `bytes` bytes under `key`, held and not yet ready; an empty lease when
   // the key is already there (another session is saving it), the entry would not fit in the whole
   // store, or every entry in the way is held.
@@ -96,6 +104,7 @@ class PromptCache {
 
  private:
   void unpin(Entry* e);
+  Lease reserve_locked(const std::string& key, size_t bytes);  // under mu_, the key absent
 
   const size_t capacity_;
   std::mutex mu_;

@@ -144,20 +144,29 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
   const LmGenConfig& gen = conv.gen_config();
   const std::string key = prompt_cache_key(p, gen);
   const int64_t total = system_prompt_steps(p, conv.frame_samples(), gen.audio_silence_frame_cnt);
-  // While another session saves this prompt, wait for it (the session's own checks go on).
-  if (PromptCache::Lease hit = cache_->lookup(key, [&] { return !on_step || on_step(0, total); })) {
-    const PromptCache::Entry& e = hit.entry();
+  // A known prompt is loaded; while another session saves this one, it is waited for (the
+  // session's own checks go on meanwhile); an unknown one gets its place reserved before the
+  // replay (sized for every prompt step: the model calls are one fewer), so that sessions arriving
+  // with it meanwhile wait for it instead of replaying it too.
+  const size_t bytes = batch_->prefix_bytes(static_cast<int>(std::min<int64_t>(total, batch_->config().context)));
+  PromptCache::Acquired got = cache_->acquire(key, bytes, [&] { return !on_step || on_step(0, total); });
+  if (got.hit) {
+    const PromptCache::Entry& e = got.lease.entry();
     slot->load_prefix(e.prefix, e.offset);
     conv.restore_prompts(e.gen);
     if (cached) *cached = true;
     return !on_step || on_step(total, total);
   }
-  if (!conv.run_system_prompts(p, on_step)) return false;
-  const int positions = slot->positions();
-  if (positions <= 0 || positions >= batch_->config().context) return true;
-  PromptCache::Lease room = cache_->reserve(key, batch_->prefix_bytes(positions));
-  if (!room) return true;
+  PromptCache::Lease room = std::move(got.lease);
+  bool done = false;
   try {
+    done = conv.run_system_prompts(p, on_step);
+    const int positions = slot->positions();
+    if (!done || !room || positions <= 0 || positions >= batch_->config().context ||
+        batch_->prefix_bytes(positions) > room.entry().bytes) {
+      cache_->abandon(room);  // nothing (or nothing that fits) to save: waiting sessions replay
+      return done;
+    }
     const LmBatch::PrefixInfo info = slot->save_prefix(room.entry().offset);
     cache_->commit(room, info, conv.lm_gen().state());
   } catch (...) {
@@ -199,7 +208,15 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
+  // Prefill's share (see kPrefillMaxStepWaitMs): the time this thread waited for work (the live
+  // sessions left it) is credit that prefill jobs beside live steps spend; a job runs when the
+  // credit covers its estimated time (per position, measured).
+  using Clock = std::chrono::steady_clock;
+  double credit_ms = 0, ms_per_position = 0;
+  auto t_wait = Clock::now();
   while (queue_.take(jobs)) {
+    credit_ms = std::min(kPrefillMaxCreditMs,
+                         credit_ms + std::chrono::duration<double, std::milli>(Clock::now() - t_wait).count());
     // Slot control first, in the order asked (a session has one job at a time, so a slot's open
     // always precedes its first step). Then one batch step for every step job.
     steps.clear();
@@ -243,13 +260,14 @@ void LmScheduler::loop() {
         j->error = std::current_exception();
       }
     }
-    // Prefill only while the live sessions are served in time (see kPrefillMaxStepWaitMs).
+    // Prefill beside live steps only while they are served in time and within the time they left
+    // (see kPrefillMaxStepWaitMs).
     bool deferred = false;
     if (prefill && !step_jobs.empty()) {
       auto oldest = step_jobs.front()->queued;
       for (const Job* j : step_jobs) oldest = std::min(oldest, j->queued);
-      if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - oldest).count() >
-          kPrefillMaxStepWaitMs) {
+      const bool late = std::chrono::duration<double, std::milli>(Clock::now() - oldest).count() > kPrefillMaxStepWaitMs;
+      if (late || credit_ms < ms_per_position * prefill->prefill_n) {
         later.insert(later.begin(), prefill);
         prefill = nullptr;
         deferred = true;
@@ -270,11 +288,18 @@ void LmScheduler::loop() {
     }
     int64_t prefilled = 0;
     if (prefill) {
+      const auto t0 = Clock::now();
       try {
         batch_->prefill(prefill->step.slot, prefill->prefill, prefill->prefill_n);
         prefilled = prefill->prefill_n;
       } catch (...) {
         prefill->error = std::current_exception();
+      }
+      const double pms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      credit_ms = std::max(0.0, credit_ms - pms);
+      if (prefilled > 0) {
+        const double per = pms / static_cast<double>(prefilled);
+        ms_per_position = ms_per_position == 0 ? per : 0.8 * ms_per_position + 0.2 * per;
       }
     }
     // Prefill jobs past the first stay queued (at the front) for the next passes.
@@ -298,6 +323,7 @@ void LmScheduler::loop() {
         // Metrics must not stop the scheduler.
       }
     }
+    t_wait = Clock::now();
   }
 }
 

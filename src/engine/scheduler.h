@@ -68,12 +68,16 @@ class LmScheduler {
     int max_batch = 0;
     int64_t prefills = 0;           // prefill jobs
     int64_t prefill_positions = 0;  // prompt positions in them
-    int64_t prefill_deferrals = 0;  // passes that put a prefill job off (live steps were late)
+    int64_t prefill_deferrals = 0;  // passes that put a prefill job off (live steps late or no time left)
   };
-  // A pass whose oldest step waited longer than this in the queue runs no prefill job (it waits
-  // for a pass that finds the live sessions served in time): system prompts take the time the
-  // live sessions leave instead of slowing them. Prompt starts wait while the server is full.
+  // System prompts take the time the live sessions leave instead of slowing them: a pass that has
+  // live steps runs its prefill job only if none of those steps waited longer than
+  // kPrefillMaxStepWaitMs in the queue and the scheduler has idled long enough since the last
+  // prefill to cover the job (its positions times the measured time per position; idle time
+  // counts up to kPrefillMaxCreditMs). A pass without steps runs it at once. On a full server
+  // prompt starts therefore wait rather than delay everyone's frames.
   static constexpr double kPrefillMaxStepWaitMs = 25;
+  static constexpr double kPrefillMaxCreditMs = 100;
   Totals totals();
 
  private:
