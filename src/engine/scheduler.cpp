@@ -208,11 +208,13 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
-  // Prefill's share (see kPrefillMaxStepWaitMs): the time this thread waited for work (the live
-  // sessions left it) is credit that prefill jobs beside live steps spend; a job runs when the
-  // credit covers its estimated time (per position, measured).
+  // Prefill's share (see kPrefillMaxStepWaitMs): credit that prefill jobs beside live steps
+  // spend, earned by the time this thread waited for work and by a share of the batch steps' time;
+  // the share grows while the live steps are served in time and halves when one was late (so it
+  // settles at what the device has to spare). A job runs when the credit covers its estimated time
+  // (its positions times the measured time per position).
   using Clock = std::chrono::steady_clock;
-  double credit_ms = 0, ms_per_position = 0;
+  double credit_ms = 0, ms_per_position = 0, share = kPrefillMaxShare / 2;
   auto t_wait = Clock::now();
   while (queue_.take(jobs)) {
     credit_ms = std::min(kPrefillMaxCreditMs,
@@ -261,13 +263,14 @@ void LmScheduler::loop() {
       }
     }
     // Prefill beside live steps only while they are served in time and within the time they left
-    // (see kPrefillMaxStepWaitMs).
+    // (see kPrefillMaxStepWaitMs). Every pass with steps tells whether they were: the share moves.
     bool deferred = false;
-    if (prefill && !step_jobs.empty()) {
+    if (!step_jobs.empty()) {
       auto oldest = step_jobs.front()->queued;
       for (const Job* j : step_jobs) oldest = std::min(oldest, j->queued);
       const bool late = std::chrono::duration<double, std::milli>(Clock::now() - oldest).count() > kPrefillMaxStepWaitMs;
-      if (late || credit_ms < ms_per_position * prefill->prefill_n) {
+      share = late ? share / 2 : std::min(kPrefillMaxShare, share + kPrefillMaxShare / 25);
+      if (prefill && (late || credit_ms < ms_per_position * prefill->prefill_n)) {
         later.insert(later.begin(), prefill);
         prefill = nullptr;
         deferred = true;
@@ -284,6 +287,7 @@ void LmScheduler::loop() {
         for (Job* j : step_jobs) j->error = std::current_exception();
       }
       ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      credit_ms = std::min(kPrefillMaxCreditMs, credit_ms + share * ms);
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }
     int64_t prefilled = 0;

@@ -72,12 +72,15 @@ class LmScheduler {
   };
   // System prompts take the time the live sessions leave instead of slowing them: a pass that has
   // live steps runs its prefill job only if none of those steps waited longer than
-  // kPrefillMaxStepWaitMs in the queue and the scheduler has idled long enough since the last
-  // prefill to cover the job (its positions times the measured time per position; idle time
-  // counts up to kPrefillMaxCreditMs). A pass without steps runs it at once. On a full server
-  // prompt starts therefore wait rather than delay everyone's frames.
+  // kPrefillMaxStepWaitMs in the queue and the job's estimated time (its positions times the
+  // measured time per position) is covered by credit, earned by the time the scheduler waited for
+  // work plus a share of each batch step's time (at most kPrefillMaxShare; halved after a pass
+  // with a late step, grown back in 25 passes without one), up to kPrefillMaxCreditMs. A pass
+  // without steps runs it at once. On a full server prompt starts therefore wait rather than
+  // delay everyone's frames.
   static constexpr double kPrefillMaxStepWaitMs = 25;
   static constexpr double kPrefillMaxCreditMs = 100;
+  static constexpr double kPrefillMaxShare = 1.0;
   Totals totals();
 
  private:
