@@ -19,7 +19,7 @@
 #   CONFIG [configs/personaplex-7b.json], DEVICE [cuda], SERVER_FLAGS [""] (added to the server)
 #   LOAD_FLAGS [""]              added to personaplex-load (split on spaces)
 #   TEXT_PROMPT_FILE [""]        every session's text prompt: this file's text (e.g.
-#                                bench/prompts/long_prompt.txt, ~1000 tokens)
+#                                bench/prompts/long_prompt.txt, 1413 prompt steps)
 #   CHURN_PROMPT_FILE [""]       the churn sessions' text prompt (with LOAD_FLAGS=--churn R; add
 #                                --churn-unique-prompts there to keep them out of the prompt cache)
 #   TIME_BUDGET_S [510]          a run that would end past this many seconds is skipped
