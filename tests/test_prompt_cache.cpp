@@ -93,6 +93,26 @@ TEST(PromptCache, EvictsLeastRecentlyUsedUnheldFirstFit) {
   EXPECT_EQ(c.stats().evictions, 2);  // b, then c for d
 }
 
+// An entry that cannot fit however many free entries go evicts none of them.
+TEST(PromptCache, NoEvictionThatCannotMakeRoom) {
+  PromptCache c(100);
+  PromptCache::Lease held = c.reserve("saving", 50);  // [0, 50), held while its prompt replays
+  ASSERT_TRUE(held);
+  for (const char* k : {"b", "d"}) {  // [50, 75), [75, 100)
+    PromptCache::Lease r = c.reserve(k, 25);
+    ASSERT_TRUE(r);
+    c.commit(r, {}, {});
+  }
+  EXPECT_FALSE(c.reserve("big", 60)) << "no run of 60 bytes can be freed";
+  EXPECT_EQ(c.stats().evictions, 0);
+  EXPECT_TRUE(c.lookup("b"));
+  EXPECT_TRUE(c.lookup("d"));
+  PromptCache::Lease r = c.reserve("fits", 50);  // b and d may go for this one
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.entry().offset, 50u);
+  EXPECT_EQ(c.stats().evictions, 2);
+}
+
 TEST(PromptCache, AbandonedOrUncommittedReservationsFreeTheirPlace) {
   PromptCache c(50);
   {

@@ -164,6 +164,21 @@ PromptCache::Lease PromptCache::reserve_locked(const std::string& key, size_t by
     ++stats_.skipped;
     return Lease();
   }
+  // Evict only if that can make room: some run between entries that cannot go (held, or not yet
+  // saved) must hold `bytes`.
+  {
+    size_t start = 0;
+    bool feasible = false;
+    for (const Entry& e : entries_) {
+      if (e.pins == 0 && e.ready) continue;  // could be evicted
+      if (e.offset - start >= bytes) feasible = true;
+      start = e.offset + e.bytes;
+    }
+    if (!feasible && capacity_ - start < bytes) {
+      ++stats_.skipped;
+      return Lease();
+    }
+  }
   while (true) {
     // First fit: the lowest gap between entries (sorted by offset) that holds `bytes`.
     size_t at = 0;

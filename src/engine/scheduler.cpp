@@ -38,6 +38,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     const LmConfig& c = config();
     const int K = c.n_q + 1;
     ++positions_;
+    ++calls_;
     if (s_.prefill_chunk_ > 1 && logits == nullptr && std::all_of(req.provided, req.provided + K, [](uint8_t p) {
           return p != 0;
         })) {
@@ -56,8 +57,9 @@ class LmScheduler::SlotStepper : public LmStepper {
     s_.queue_.submit(j);
   }
 
-  // Model calls since open or reset (the slot's position).
+  // Model calls since open or reset (the slot's position), and since open (its random counter).
   int positions() const { return positions_; }
+  int64_t calls_since_open() const { return calls_; }
   LmScheduler& scheduler() { return s_; }
   // The prompt cache's copies, as jobs in order with the steps (kept prompt steps go first).
   LmBatch::PrefixInfo save_prefix(size_t offset) {
@@ -78,6 +80,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     j.prefix = info;
     s_.queue_.submit(j);
     positions_ = info.positions;
+    calls_ = info.positions;
   }
 
  private:
@@ -119,6 +122,7 @@ class LmScheduler::SlotStepper : public LmStepper {
   int slot_;
   std::vector<Kept> kept_;
   int positions_ = 0;
+  int64_t calls_ = 0;
 };
 
 LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk,
@@ -138,7 +142,9 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
                                      const std::function<bool(int64_t, int64_t)>& on_step, bool* cached) {
   if (cached) *cached = false;
   auto* slot = dynamic_cast<SlotStepper*>(&stepper);
-  if (!cache_ || !slot || &slot->scheduler() != this || slot->positions() != 0)
+  // Only a slot that has not stepped since it was opened: a prefix carries the random counter of
+  // a fresh slot (a reset keeps the counter where it was).
+  if (!cache_ || !slot || &slot->scheduler() != this || slot->calls_since_open() != 0)
     return conv.run_system_prompts(p, on_step);
   conv.check_system_prompts(p);  // the same refusals as a replay, before any lookup
   const LmGenConfig& gen = conv.gen_config();
@@ -146,9 +152,11 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
   const int64_t total = system_prompt_steps(p, conv.frame_samples(), gen.audio_silence_frame_cnt);
   // A known prompt is loaded; while another session saves this one, it is waited for (the
   // session's own checks go on meanwhile); an unknown one gets its place reserved before the
-  // replay (sized for every prompt step: the model calls are one fewer), so that sessions arriving
-  // with it meanwhile wait for it instead of replaying it too.
-  const size_t bytes = batch_->prefix_bytes(static_cast<int>(std::min<int64_t>(total, batch_->config().context)));
+  // replay, so that sessions arriving with it meanwhile wait for it instead of replaying it too.
+  // The model calls (positions) are one fewer than the prompt steps (the first step makes none); a
+  // prompt without any is not worth keeping (0: no reservation).
+  const int64_t calls = std::min<int64_t>(total - 1, batch_->config().context - 1);
+  const size_t bytes = calls > 0 ? batch_->prefix_bytes(static_cast<int>(calls)) : 0;
   PromptCache::Acquired got = cache_->acquire(key, bytes, [&] { return !on_step || on_step(0, total); });
   if (got.hit) {
     const PromptCache::Entry& e = got.lease.entry();
@@ -270,7 +278,8 @@ void LmScheduler::loop() {
       for (const Job* j : step_jobs) oldest = std::min(oldest, j->queued);
       const bool late = std::chrono::duration<double, std::milli>(Clock::now() - oldest).count() > kPrefillMaxStepWaitMs;
       share = late ? share / 2 : std::min(kPrefillMaxShare, share + kPrefillMaxShare / 25);
-      if (prefill && (late || credit_ms < ms_per_position * prefill->prefill_n)) {
+      // (A job estimated above the credit's cap runs once the credit is full.)
+      if (prefill && (late || credit_ms < std::min(kPrefillMaxCreditMs, ms_per_position * prefill->prefill_n))) {
         later.insert(later.begin(), prefill);
         prefill = nullptr;
         deferred = true;
