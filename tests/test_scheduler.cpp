@@ -79,6 +79,19 @@ void batched_equals_alone(bool sampling) {
   EXPECT_GT(tot.prefills, 0);
 }
 
+// An LmBatch that forwards to `inner`: the tests below override what they change.
+struct ForwardingBatch : LmBatch {
+  std::unique_ptr<LmBatch> inner;
+  const LmConfig& config() const override { return inner->config(); }
+  int slots() const override { return inner->slots(); }
+  int depformer_steps() const override { return inner->depformer_steps(); }
+  void open(int s, const LmGenConfig& g, uint64_t seed) override { inner->open(s, g, seed); }
+  void reset(int s) override { inner->reset(s); }
+  void run(const BatchStep* st, int n) override { inner->run(st, n); }
+  void prefill(int s, const StepRequest* r, int n) override { inner->prefill(s, r, n); }
+  int prefill_rows() const override { return inner->prefill_rows(); }
+};
+
 }  // namespace
 
 TEST(Scheduler, GreedyTokensAloneEqualBeside63Others) { batched_equals_alone(false); }
@@ -88,14 +101,10 @@ TEST(Scheduler, SampledTokensAloneEqualBeside63Others) { batched_equals_alone(tr
 // A batch whose step throws fails exactly the sessions in it; the scheduler goes on serving.
 TEST(Scheduler, AFailedStepFailsItsSessionsOnly) {
   TinyLm t;
-  struct Failing : LmBatch {
-    std::unique_ptr<LmBatch> inner;
+  struct Failing : ForwardingBatch {
     bool fail = false;
-    const LmConfig& config() const override { return inner->config(); }
-    int slots() const override { return inner->slots(); }
-    int depformer_steps() const override { return inner->depformer_steps(); }
-    void open(int s, const LmGenConfig& g, uint64_t seed) override { inner->open(s, g, seed); }
-    void reset(int s) override { inner->reset(s); }
+    int prefill_rows() const override { return 1; }  // the default prefill: its steps go through run()
+    void prefill(int s, const StepRequest* r, int n) override { LmBatch::prefill(s, r, n); }
     void run(const BatchStep* st, int n) override {
       if (fail) throw DeviceError("injected");
       inner->run(st, n);
@@ -122,22 +131,15 @@ TEST(Scheduler, AFailedStepFailsItsSessionsOnly) {
 // until a second session's step has waited 100 ms behind it with a prefill job beside it.
 TEST(Scheduler, PrefillWaitsWhileLiveStepsAreLate) {
   TinyLm t;
-  struct Gated : LmBatch {
-    std::unique_ptr<LmBatch> inner;
+  struct Gated : ForwardingBatch {
     std::promise<void> release;
     std::shared_future<void> gate = release.get_future().share();
     std::atomic<int> runs{0};
-    const LmConfig& config() const override { return inner->config(); }
-    int slots() const override { return inner->slots(); }
-    int depformer_steps() const override { return inner->depformer_steps(); }
-    void open(int s, const LmGenConfig& g, uint64_t seed) override { inner->open(s, g, seed); }
-    void reset(int s) override { inner->reset(s); }
     void run(const BatchStep* st, int n) override {
       if (runs++ == 0) gate.wait();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       inner->run(st, n);
     }
-    void prefill(int s, const StepRequest* r, int n) override { inner->prefill(s, r, n); }
     int prefill_rows() const override { return 4; }
   };
   auto gated = std::make_unique<Gated>();

@@ -25,6 +25,12 @@ void histogram(std::ostringstream& o, const char* name, const std::array<uint64_
   o << name << "_count " << count << "\n";
 }
 
+// One unlabelled series: its HELP and TYPE lines and its value.
+template <typename T>
+void series(std::ostringstream& o, const char* name, const char* type, const char* help, T value) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << value << "\n";
+}
+
 }  // namespace
 
 void Metrics::session_started() {
@@ -143,21 +149,12 @@ std::string Metrics::prometheus(int sessions_in_use, int max_sessions, int conne
          "# TYPE personaplex_prompt_cache_lookups_total counter\n"
          "personaplex_prompt_cache_lookups_total{result=\"hit\"} "
       << cache->hits << "\npersonaplex_prompt_cache_lookups_total{result=\"miss\"} " << cache->misses << "\n";
-    o << "# HELP personaplex_prompt_cache_inserts_total Prompts saved into the prompt cache.\n"
-         "# TYPE personaplex_prompt_cache_inserts_total counter\npersonaplex_prompt_cache_inserts_total "
-      << cache->inserts << "\n";
-    o << "# HELP personaplex_prompt_cache_evictions_total Entries dropped to make room.\n"
-         "# TYPE personaplex_prompt_cache_evictions_total counter\npersonaplex_prompt_cache_evictions_total "
-      << cache->evictions << "\n";
-    o << "# HELP personaplex_prompt_cache_entries Prompts in the prompt cache.\n"
-         "# TYPE personaplex_prompt_cache_entries gauge\npersonaplex_prompt_cache_entries "
-      << cache->entries << "\n";
-    o << "# HELP personaplex_prompt_cache_bytes Bytes of the prompt cache's store in use.\n"
-         "# TYPE personaplex_prompt_cache_bytes gauge\npersonaplex_prompt_cache_bytes "
-      << cache->used_bytes << "\n";
-    o << "# HELP personaplex_prompt_cache_capacity_bytes The prompt cache's store (--prompt-cache-mb).\n"
-         "# TYPE personaplex_prompt_cache_capacity_bytes gauge\npersonaplex_prompt_cache_capacity_bytes "
-      << cache->capacity_bytes << "\n";
+    series(o, "personaplex_prompt_cache_inserts_total", "counter", "Prompts saved into the prompt cache.", cache->inserts);
+    series(o, "personaplex_prompt_cache_evictions_total", "counter", "Entries dropped to make room.", cache->evictions);
+    series(o, "personaplex_prompt_cache_entries", "gauge", "Prompts in the prompt cache.", cache->entries);
+    series(o, "personaplex_prompt_cache_bytes", "gauge", "Bytes of the prompt cache's store in use.", cache->used_bytes);
+    series(o, "personaplex_prompt_cache_capacity_bytes", "gauge", "The prompt cache's store (--prompt-cache-mb).",
+           cache->capacity_bytes);
   }
   return o.str();
 }
