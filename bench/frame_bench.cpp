@@ -20,13 +20,18 @@
 // table on stderr, and a PNG beside --out (its name with .png) plotting the added latency p99
 // and the batch step p99 against the count, with the 80 ms frame and the 160 ms budget.
 //
+// --prompt-steps P (with --sessions or --sweep): each session's system prompt is P text steps, run as
+// the server runs a long prompt (prompt prefill in the scheduler), so the context fills without
+// stepping frames. Every session waits after its prompts and --prefill frames until all are there.
+//
 // --prefill F (with any of them): F untimed steps first, back to back, so that the timed ones run with
 // the context filled (the LM's context is 3000 frames; the KV cache is a ring). With --lm-batch the
 // first min(F, context - 1) of them are prompt prefill (LmBatch::prefill, all streams given), timed
 // as prefill_s.
 //
 //   personaplex-bench [model flags] [--frames N] [--warmup N] [--soak MINUTES] [--sessions N]
-//                     [--sweep N1 N2 ...] [--lm-batch B1 B2 ...] [--prefill F] [--out FILE]
+//                     [--sweep N1 N2 ...] [--lm-batch B1 B2 ...] [--prefill F] [--prompt-steps P]
+//                     [--out FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -50,9 +55,12 @@
 
 namespace {
 
-ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m) {
+// prompt_steps > 0: a text prompt of that many tokens instead (--prompt-steps).
+ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps = 0) {
   ppx::SystemPrompt prompt;
-  if (m.tokenizer) {
+  if (prompt_steps > 0) {
+    for (int i = 0; i < prompt_steps; ++i) prompt.text_tokens.push_back(100 + i % 500);
+  } else if (m.tokenizer) {
     prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a wise and friendly teacher."));
   } else {
     for (int i = 0; i < 20; ++i) prompt.text_tokens.push_back(100 + i);  // no tokenizer with random weights
@@ -75,8 +83,13 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
 
 // One --sessions run: N sessions through a fresh scheduler (its own LM batch of N slots). Returns
 // the run's results, without the JSON head.
-nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions, int frames, int warmup,
-                                    int prefill, bool codec_batch) {
+struct SessionRun {
+  int frames = 0, warmup = 0, prefill = 0, prompt_steps = 0;
+  bool codec_batch = true;
+};
+nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions, const SessionRun& o) {
+  const int frames = o.frames, warmup = o.warmup, prefill = o.prefill;
+  const bool codec_batch = o.codec_batch;
   using Clock = std::chrono::steady_clock;
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::mutex mu;  // guards the vectors below
@@ -105,12 +118,20 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
                                                         });
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
-  const ppx::SystemPrompt prompt = bench_prompt(m);
+  const ppx::SystemPrompt prompt = bench_prompt(m, o.prompt_steps);
   std::vector<std::string> errors;
   std::vector<std::thread> threads;
+  // Every session waits here after its prompts and --prefill frames, so that no session's timed
+  // frames run beside another's prompt (a failed session counts as arrived).
+  std::atomic<int> ready{0};
+  auto arrive_and_wait = [&] {
+    ++ready;
+    while (ready.load() < sessions) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   const auto t_start = Clock::now();
   for (int s = 0; s < sessions; ++s) {
     threads.emplace_back([&, s] {
+      bool arrived = false;
       try {
         m.backend->attach_thread();  // --device cuda:N: this thread's codec work on that device
         std::unique_ptr<ppx::CodecStream> codec = codec_sched ? codec_sched->open(s) : m.backend->codec_stream(s);
@@ -124,6 +145,8 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
           for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
           conv.step(pcm.data());
         }
+        arrived = true;
+        arrive_and_wait();
         // Staggered over one frame period, as real clients are.
         const auto t0 = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
         std::vector<double> mine;
@@ -140,8 +163,11 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         std::lock_guard<std::mutex> lk(mu);
         latency.insert(latency.end(), mine.begin(), mine.end());
       } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu);
-        errors.push_back("session " + std::to_string(s) + ": " + e.what());
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          errors.push_back("session " + std::to_string(s) + ": " + e.what());
+        }
+        if (!arrived) ++ready;
       }
     });
   }
@@ -157,6 +183,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["frames_per_session"] = frames;
   j["warmup"] = warmup;
   j["prefill"] = prefill;
+  j["prompt_steps"] = o.prompt_steps;
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
@@ -174,10 +201,10 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
 }
 
 // --sessions N (see the top of this file).
-int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, int frames,
-                   int warmup, int prefill, bool codec_batch, int argc, char** argv, const std::string& out) {
+int bench_sessions(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, int sessions, const SessionRun& o,
+                   int argc, char** argv, const std::string& out) {
   nlohmann::ordered_json j = result_head("sessions", m, mf);
-  j.update(run_sessions(m, sessions, frames, warmup, prefill, codec_batch));
+  j.update(run_sessions(m, sessions, o));
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
   ppx::app::emit_json(j, out);
@@ -191,15 +218,14 @@ std::string with_extension(const std::string& path, const std::string& ext) {
 
 // --sweep N1 N2 ... (see the top of this file).
 int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& counts,
-                int frames, int warmup, int prefill, bool codec_batch, int argc, char** argv,
-                const std::string& out) {
+                const SessionRun& o, int argc, char** argv, const std::string& out) {
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   ppx::app::PlotSeries added{"added latency p99", {214, 39, 40}, {}, {}};
   ppx::app::PlotSeries step{"batch step p99", {31, 119, 180}, {}, {}};
   for (const int n : counts) {
     std::fprintf(stderr, "sweep: %d sessions\n", n);
-    nlohmann::ordered_json r = run_sessions(m, n, frames, warmup, prefill, codec_batch);
+    nlohmann::ordered_json r = run_sessions(m, n, o);
     // A run too short to time a step after every session started has no step statistics.
     const auto p99 = [](const nlohmann::ordered_json& st) {
       return st.contains("p99") ? st["p99"].get<double>() : std::nan("");
@@ -241,9 +267,10 @@ int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, 
   std::fprintf(stderr, "plot: %s\n", png.c_str());
 
   nlohmann::ordered_json j = result_head("sweep", m, mf);
-  j["frames_per_session"] = frames;
-  j["warmup"] = warmup;
-  j["prefill"] = prefill;
+  j["frames_per_session"] = o.frames;
+  j["warmup"] = o.warmup;
+  j["prefill"] = o.prefill;
+  j["prompt_steps"] = o.prompt_steps;
   j["frame_ms"] = frame_ms;
   j["budget_ms"] = 2 * frame_ms;
   j["plot"] = png;
@@ -351,6 +378,11 @@ int bench(int argc, char** argv) {
                  "with --sessions or --lm-batch: this many steps first, back to back and untimed, to fill the "
                  "context (the LM context is 3000 frames)")
       ->check(CLI::Range(0, 1000000));
+  int prompt_steps = 0;
+  app.add_option("--prompt-steps", prompt_steps,
+                 "with --sessions or --sweep: each session's system prompt is a text prompt of this many steps "
+                 "(filling the context through prompt prefill, as a server session with a long prompt does)")
+      ->check(CLI::Range(0, 1000000));
   std::vector<int> sweep;
   app.add_option("--sweep", sweep,
                  "--sessions at each of these counts (space- or comma-separated; one model, a fresh scheduler "
@@ -379,19 +411,23 @@ int bench(int argc, char** argv) {
       throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
     mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sweep(m, mf, sweep, frames, warmup, prefill, !per_session_codec, argc, argv, out);
+    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec}, argc, argv,
+                       out);
   }
   if (!batch_sizes.empty()) {
-    if (sessions > 0 || soak_minutes > 0) throw ppx::Error("--lm-batch cannot be combined with --sessions or --soak");
+    if (sessions > 0 || soak_minutes > 0 || prompt_steps > 0)
+      throw ppx::Error("--lm-batch cannot be combined with --sessions, --soak or --prompt-steps");
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
     return bench_lm_batch(m, mf, batch_sizes, frames, warmup, prefill, argc, argv, out);
   }
   if (prefill > 0 && sessions == 0) throw ppx::Error("--prefill needs --sessions, --sweep or --lm-batch");
+  if (prompt_steps > 0 && sessions == 0) throw ppx::Error("--prompt-steps needs --sessions or --sweep");
   if (sessions > 0) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, frames, warmup, prefill, !per_session_codec, argc, argv, out);
+    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec}, argc,
+                          argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   const int dep_steps = m.dep_steps;

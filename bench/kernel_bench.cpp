@@ -389,8 +389,9 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s) {
       r8.k_scale = ks.get();
       r8.v_scale = vs.get();
       const double b16 = 2.0 * B * n * D * 2, b8 = 2.0 * B * n * (D + 4.0 * H);
-      // Policy 1: a block per chunk of the ring whatever the context (before v0.15); 0: shipped.
-      for (int policy : {1, 0}) {
+      // Policy 2: the fp8 cache through the scalar kernel (before v0.18); 3: the fp8 tensor-core
+      // kernel with 4 stages; 0: shipped (the bf16 cache runs the same kernel under all three).
+      for (int policy : {2, 3, 0}) {
         kern::attention_set_policy(policy);
         const double t16 =
             time_graph_ms(s, 16, 5, [&](int) { kern::ring_attention(q.get(), r, B, work.get(), out.get(), s); });
@@ -428,6 +429,7 @@ int bench(int argc, char** argv) {
   }
   if (ppx::cuda::device_count() == 0) throw ppx::Error("no CUDA device");
   ppx::kern::gemv_init();
+  ppx::kern::attention_init();
   ppx::kern::gemv_set_grid_policy(grid_policy);
   cudaStream_t s;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -43,9 +43,15 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
 // attention_work_floats(B, H, hd, C) floats. With r.row_pos, row b attends as the query of position
 // row_pos[b] (the keys of earlier rows of this step appended by rope_append before).
 size_t attention_work_floats(int B, int H, int hd, int C);
-// Blocks per (head, row) of ring_attention at batch B; policy 1 (benchmarks only) keeps a block per
-// chunk of the ring at every batch (the grid before v0.15).
-int attention_parts(int B, int H, int C);
+// Blocks per (head, row) of ring_attention at batch B. Policies (benchmarks only): 1 keeps a block
+// per chunk of the ring at every batch (the grid before v0.15); 2 runs the fp8 cache through the
+// scalar kernel (before v0.18) instead of the tensor-core one.
+// fp8: the fp8 cache's tensor-core kernel (hd 128), whose parts follow its resident blocks.
+int attention_parts(int B, int H, int C, bool fp8 = false);
+// Readies the fp8 tensor-core kernel on the current device (its shared memory size; the resident
+// blocks that attention_parts plans with). ring_attention calls it; call it first where the first
+// attention would be captured into a CUDA graph.
+void attention_init();
 void attention_set_policy(int policy);
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s);

@@ -82,31 +82,6 @@ static_assert(smem_bytes<int8_t>(kMaxNt, kMaxSlice) <= kSmemLimit &&
                   smem_bytes<__nv_bfloat16>(kMaxNt, kMaxSlice) <= kSmemLimit,
               "the largest block must fit in an SM's shared memory");
 
-__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, __nv_bfloat16) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, __half) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(full ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // 8 consecutive weights of one row from shared memory as 4 packed pairs of the MMA's type.
 __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, __nv_bfloat16) {
   const uint4 v = *reinterpret_cast<const uint4*>(p);
@@ -244,8 +219,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xs + (j * 8 + g) * xpitch + kt * KT + kk + 8 * t);
-        mma(acc[j], fa, xv.x, xv.y, XT{});
-        mma(acc[j], fb, xv.z, xv.w, XT{});
+        mma_m16n8k16(acc[j], fa, xv.x, xv.y, XT{});
+        mma_m16n8k16(acc[j], fb, xv.z, xv.w, XT{});
       }
     }
     if (kt == ktiles - 1) {

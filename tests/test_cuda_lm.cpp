@@ -473,6 +473,124 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
 }
 
 
+// The fp8 cache's attention (the tensor-core kernel and the scalar one) against an fp64
+// reference over the stored values: random e4m3 codes with per-(position, head) scales (the value
+// scales over 2^-30 .. 2^6: they ride on the scores as a bias), queries of very different magnitudes per
+// row, a wrapped ring, a context limit, 2 and 64 rows, per-row positions, heads of 128 and 64.
+TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const int hd : {128, 64}) {
+    const int H = 3, C = 700, D = H * hd, Bmax = 64;
+    std::mt19937 rng(hd);
+    std::vector<uint8_t> hk(static_cast<size_t>(2) * C * D), hv(hk.size());
+    for (auto* vec : {&hk, &hv})
+      for (auto& x : *vec) {
+        x = static_cast<uint8_t>(rng() & 0xff);
+        if ((x & 0x7f) == 0x7f) x &= 0xfe;  // no NaN codes (rope_append never writes them)
+      }
+    std::vector<float> hks(static_cast<size_t>(2) * C * H), hvs(hks.size());
+    std::uniform_real_distribution<float> ex(-30.f, 6.f), kex(-14.f, -4.f);
+    for (auto& x : hks) x = std::exp2(kex(rng));
+    for (auto& x : hvs) x = std::exp2(ex(rng));
+    std::vector<__nv_bfloat16> hq(static_cast<size_t>(Bmax) * D);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int b = 0; b < Bmax; ++b) {
+      const float mag = b % 3 == 0 ? 1e-3f : (b % 3 == 1 ? 1.f : 30.f);
+      for (int i = 0; i < D; ++i) hq[static_cast<size_t>(b) * D + i] = __float2bfloat16(nd(rng) * mag);
+    }
+    cuda::DeviceBuffer<__nv_fp8_e4m3> k8(hk.size()), v8(hv.size());
+    cuda::DeviceBuffer<float> ks(hks.size()), vs(hvs.size()), work(kern::attention_work_floats(Bmax, H, hd, C));
+    cuda::DeviceBuffer<__nv_bfloat16> q(hq.size()), out(hq.size());
+    PPX_CUDA_CHECK(cudaMemcpy(k8.get(), hk.data(), hk.size(), cudaMemcpyHostToDevice));
+    PPX_CUDA_CHECK(cudaMemcpy(v8.get(), hv.data(), hv.size(), cudaMemcpyHostToDevice));
+    ks.upload(hks.data(), hks.size());
+    vs.upload(hvs.data(), hvs.size());
+    q.upload(hq.data(), hq.size());
+    auto fp8v = [](uint8_t code) {
+      return static_cast<double>(
+          __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3))));
+    };
+    cuda::DeviceBuffer<int32_t> pos(2), slot(Bmax), row_pos(Bmax);
+    std::vector<int32_t> slots(Bmax);
+    for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
+    slot.upload(slots.data(), Bmax);
+    // Policy 0: the tensor-core kernel for hd 128 (the scalar one for 64); 2: the scalar kernel;
+    // 3: the tensor-core kernel with 4 stages.
+    for (const int policy : {0, 2, 3}) {
+      kern::attention_set_policy(policy);
+      if (hd == 128 && policy != 2) {
+        ASSERT_LT(kern::attention_parts(Bmax, H, C, true), (C + 63) / 64) << "64 rows must stream several chunks";
+      }
+      for (const int B : {2, 64}) {
+        for (const bool per_row : {false, true}) {
+          for (int context : {0, 250}) {
+            for (int p : {0, 17, 64, 699, 1500}) {
+              const int32_t positions[2] = {p / 2, p};
+              pos.upload(positions, 2);
+              std::vector<int32_t> rp(Bmax);
+              for (int b = 0; b < Bmax; ++b) rp[b] = std::max(0, p - 3 * b);
+              row_pos.upload(rp.data(), Bmax);
+              kern::RingArgs r{nullptr, nullptr, pos.get(), slot.get(), C, H, hd, context};
+              r.k8 = k8.get();
+              r.v8 = v8.get();
+              r.k_scale = ks.get();
+              r.v_scale = vs.get();
+              if (per_row) r.row_pos = row_pos.get();
+              kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
+              PPX_CUDA_CHECK(cudaDeviceSynchronize());
+              std::vector<__nv_bfloat16> got(hq.size());
+              PPX_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+              double worst = 0;
+              for (int b = 0; b < B; ++b) {
+                const int s = slots[b], qp = per_row ? rp[b] : positions[s], E = qp + 1;
+                for (int h = 0; h < H; ++h) {
+                  std::vector<double> w(C, 0.0);
+                  std::vector<char> vis(C, 0);
+                  double mx = -1e300;
+                  for (int idx = 0; idx < std::min(C, E); ++idx) {
+                    const int delta = idx - E % C;
+                    const int label = delta <= 0 ? E + delta : E + delta - C;
+                    if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
+                    const size_t row = (static_cast<size_t>(s) * C + idx) * D + h * hd;
+                    double d = 0;
+                    for (int j = 0; j < hd; ++j)
+                      d += static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j])) *
+                           fp8v(hk[row + j]);
+                    w[idx] = d * hks[(static_cast<size_t>(s) * C + idx) * H + h] / std::sqrt(static_cast<double>(hd));
+                    vis[idx] = 1;
+                    mx = std::max(mx, w[idx]);
+                  }
+                  double l = 0, num = 0, den = 0;
+                  std::vector<double> acc(hd, 0.0);
+                  for (int idx = 0; idx < C; ++idx) {
+                    if (!vis[idx]) continue;
+                    const double e = std::exp(w[idx] - mx), sc = hvs[(static_cast<size_t>(s) * C + idx) * H + h];
+                    l += e;
+                    const size_t row = (static_cast<size_t>(s) * C + idx) * D + h * hd;
+                    for (int j = 0; j < hd; ++j) acc[j] += e * sc * fp8v(hv[row + j]);
+                  }
+                  for (int j = 0; j < hd; ++j) {
+                    const double ref = acc[j] / l, g = __bfloat162float(got[static_cast<size_t>(b) * D + h * hd + j]);
+                    num += (g - ref) * (g - ref);
+                    den += ref * ref;
+                  }
+                  ASSERT_GT(den, 0.0);
+                  worst = std::max(worst, std::sqrt(num / den));
+                }
+              }
+              // bf16 output rounding (~2e-3 rms at most) plus the half weights' (2^-11 each).
+              EXPECT_LE(worst, 4e-3) << "hd " << hd << ", policy " << policy << ", " << B
+                                     << " rows, per-row positions " << per_row << ", context " << context
+                                     << ", position " << p;
+            }
+          }
+        }
+      }
+    }
+    kern::attention_set_policy(0);
+  }
+}
+
 // Full-size shapes with random weights (bf16 16.7 GB, then w8a16): a few sampled steps with w8a16
 // give finite logits and tokens in range. The text logits (the temporal transformer and text head
 // on the same inputs) are compared with the bf16 model's and printed, with the weight memory.

@@ -182,6 +182,7 @@ SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
 
 void CudaLm::allocate() {
   kern::gemv_init();
+  kern::attention_init();
   // Every tensor in one bf16 arena (each padded to 64 elements), in state dict order.
   size_t total = 0;
   for (const auto& [key, shape] : lm_state_dict_spec(c_)) {
