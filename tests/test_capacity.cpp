@@ -61,8 +61,8 @@ TEST(Capacity, SlotBytesMatchTheBatchAllocation) {
 
 TEST(Capacity, H200Bf16IsBandwidthBoundNearSixty) {
   const Capacity cap = ppx::compute_capacity(h200(KvDtype::kBf16));
-  // Memory: (132 GB x 0.9 - 1 GiB reserve - one scratch slot) / 1.6 GB = 72.
-  EXPECT_EQ(cap.memory_sessions, 72);
+  // Memory: (132 GB x 0.98 - 3 GiB reserve - one scratch slot) / 1.6 GB = 77.
+  EXPECT_EQ(cap.memory_sessions, 77);
   // Bandwidth: 72 ms less 7.5 GB at 2.58 TB/s (2.9 ms), over 1.57 GB at 3.01 TB/s (0.52 ms) plus
   // the fixed 0.6 ms (the session's codec and rows) = 61.
   ASSERT_TRUE(cap.bandwidth_sessions);
@@ -76,7 +76,7 @@ TEST(Capacity, H200Bf16IsBandwidthBoundNearSixty) {
 TEST(Capacity, Fp8KvDoublesMemoryAndRaisesBandwidth) {
   const Capacity bf = ppx::compute_capacity(h200(KvDtype::kBf16));
   const Capacity f8 = ppx::compute_capacity(h200(KvDtype::kFp8));
-  EXPECT_EQ(f8.memory_sessions, 139);
+  EXPECT_EQ(f8.memory_sessions, 149);
   ASSERT_TRUE(f8.bandwidth_sessions);
   EXPECT_EQ(*f8.bandwidth_sessions, 79);  // (72 - 2.9) / (0.27 + 0.6) ms
   EXPECT_EQ(f8.sessions, 79);
@@ -131,6 +131,9 @@ TEST(Capacity, NoBandwidthMeansMemoryOnlyAndTheClamp) {
 TEST(Capacity, RejectsNonsense) {
   CapacityInputs in = h200(KvDtype::kBf16);
   in.headroom = 1.0;
+  EXPECT_THROW(ppx::compute_capacity(in), ppx::Error);
+  in = h200(KvDtype::kBf16);
+  in.memory_headroom = -0.1;
   EXPECT_THROW(ppx::compute_capacity(in), ppx::Error);
   in = h200(KvDtype::kBf16);
   in.free_bytes = -1;

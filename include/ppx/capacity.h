@@ -60,6 +60,11 @@ inline double auto_prompt_cache_bytes(double free_bytes) {
 // The sessions a server may hold at most (--max-sessions' range).
 inline constexpr int kMaxSessionsLimit = 256;
 
+// What the memory limit keeps back of the free device memory (also the LM batch's own check before
+// it allocates its KV caches): 2% and 3 GiB.
+inline constexpr double kMemoryHeadroom = 0.02;
+inline constexpr double kMemoryReserveBytes = 3.0 * (1u << 30);
+
 struct CapacityInputs {
   LmConfig lm;
   KvDtype kv = KvDtype::kBf16;
@@ -72,12 +77,13 @@ struct CapacityInputs {
   // limit (the CPU).
   double bandwidth = 0;
   double frame_ms = 80;  // one frame of audio: every session needs one step per frame
-  // The fraction of free memory and of the frame kept back: for the batch's row buffers, the CUDA
-  // graphs and cuBLAS's workspace, and for the codec, the host work and jitter within a frame.
+  // The fraction of the frame kept back: for the host work and jitter within a frame.
   double headroom = 0.1;
-  // Fixed device bytes still to come after free_bytes was measured that do not scale with the
-  // sessions: the codec's weights, the batch's row buffers and graphs.
-  double reserve_bytes = 1.0 * (1 << 30);
+  // Free memory kept back: a fraction (allocator slack) and fixed bytes still to come after
+  // free_bytes was measured that do not scale with the sessions (the codec's weights, the batch's
+  // row buffers, CUDA graphs, cuBLAS's workspace).
+  double memory_headroom = kMemoryHeadroom;
+  double reserve_bytes = kMemoryReserveBytes;
   double codec_bytes_per_session = 0;  // codec_slot_bytes_estimate() on CUDA
   double prompt_cache_bytes = 0;       // the prompt cache's store (--prompt-cache-mb)
   double weight_efficiency = kWeightStreamEfficiency;

@@ -36,6 +36,8 @@ Capacity compute_capacity(const CapacityInputs& in) {
       in.codec_bytes_per_session < 0 || in.prompt_cache_bytes < 0)
     throw Error("capacity: byte counts and the bandwidth must not be negative");
   if (!(in.headroom >= 0 && in.headroom < 1)) throw Error("capacity: the headroom must be in [0, 1)");
+  if (!(in.memory_headroom >= 0 && in.memory_headroom < 1))
+    throw Error("capacity: the memory headroom must be in [0, 1)");
   if (!(in.weight_efficiency > 0 && in.weight_efficiency <= 1) || !(in.kv_efficiency > 0 && in.kv_efficiency <= 1))
     throw Error("capacity: the stream efficiencies must be in (0, 1]");
   if (!(in.frame_ms > 0)) throw Error("capacity: the frame must be longer than 0 ms");
@@ -50,7 +52,7 @@ Capacity compute_capacity(const CapacityInputs& in) {
 
   // Memory: the batch allocates one slot more than its sessions (the scratch slot that padding
   // rows write), and the prompt cache and the fixed reserve come out of the same free memory.
-  const double usable = in.free_bytes * (1 - in.headroom) - in.reserve_bytes - in.prompt_cache_bytes - slot;
+  const double usable = in.free_bytes * (1 - in.memory_headroom) - in.reserve_bytes - in.prompt_cache_bytes - slot;
   cap.memory_sessions = usable <= 0 ? 0 : static_cast<int>(std::min(1e9, std::floor(usable / cap.bytes_per_session)));
 
   // Bandwidth: a step at batch N reads the weights once and N full-context KV caches, each at its

@@ -9,6 +9,7 @@
 #include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
+#include "ppx/capacity.h"
 #include "ppx/error.h"
 
 namespace ppx::cuda {
@@ -36,11 +37,11 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   const size_t kv = static_cast<size_t>(c.num_layers) * all * c.context * D;
   {
     // The KV caches dominate: say how much they need before allocating (a failed cudaMalloc names no
-    // flag). 10% of the free memory stays for the row buffers, graphs and the codec.
+    // flag). What capacity keeps back (2% and 3 GiB) stays for the row buffers, graphs and the codec.
     const double need = static_cast<double>(kv) * 2 * (lm.kv_fp8() ? 1.0 + 4.0 * c.num_heads / D : 2.0);
     size_t free_b = 0, total_b = 0;
     PPX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (need > 0.9 * static_cast<double>(free_b))
+    if (need > (1 - kMemoryHeadroom) * static_cast<double>(free_b) - kMemoryReserveBytes)
       throw Error("--max-sessions " + std::to_string(slots) + ": the KV caches of " + std::to_string(slots) +
                   " sessions (+1 scratch) need " + std::to_string(static_cast<int>(need / 1e9 + 0.5)) + " GB, " +
                   std::to_string(static_cast<int>(static_cast<double>(free_b) / 1e9)) +
