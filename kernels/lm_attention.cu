@@ -255,6 +255,34 @@ struct KeyWords {
 constexpr float k2p64 = 18446744073709551616.f;
 constexpr float k2p56 = 72057594037927936.f;
 
+// Warp 0 of a split-K block, after every warp put its (m, l, acc[n]) into sm, sl, sacc (m = -inf
+// when it saw no visible key; the caller's barrier published them): merges them and writes part
+// `part` of row b, head h as (m, l, acc[n]) for attention_combine_kernel.
+template <int N>
+__device__ __forceinline__ void write_block_part(const float* sm, const float* sl, const float (*sacc)[N], float* work,
+                                                 int64_t row_head, int parts, int part, int lane) {
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
+  float L = 0.f, f[kAttnWarps];
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) {
+    f[w] = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
+    L += sl[w] * f[w];
+  }
+  float* wp = work + (row_head * parts + part) * (2 + N);
+  if (lane == 0) {
+    wp[0] = M;
+    wp[1] = L;
+  }
+  for (int d = lane; d < N; d += 32) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) o += sacc[w][d] * f[w];
+    wp[2 + d] = o;
+  }
+}
+
 // grid (H, G, B), kAttnWarps warps. Block y takes the live chunks y, y + G, ... of kSplit ring
 // entries (none past the live ones, so a short context costs little however large the grid).
 // Inside a warp 8 lanes share a key (each holds DL = hd / 8 of its dimensions) and the warp's 4
@@ -384,27 +412,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     for (int j = 0; j < DL; ++j) sacc[warp][dg * DL + j] = acc[j];
   }
   __syncthreads();
-  if (warp != 0) return;
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
-  float L = 0.f, f[kAttnWarps];
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) {
-    f[w] = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
-    L += sl[w] * f[w];
-  }
-  float* wp = work + ((static_cast<int64_t>(b) * r.H + h) * parts + part) * (2 + r.hd);
-  if (lane == 0) {
-    wp[0] = M;
-    wp[1] = L;
-  }
-  for (int d = lane; d < 8 * DL; d += 32) {
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) o += sacc[w][d] * f[w];
-    wp[2 + d] = o;
-  }
+  if (warp == 0) write_block_part<8 * DL>(sm, sl, sacc, work, static_cast<int64_t>(b) * r.H + h, parts, part, lane);
 }
 
 // The fp8 cache's attention on tensor cores (hd 128; grid and output as attention_split_kernel).
@@ -612,27 +620,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     }
   }
   __syncthreads();
-  if (warp != 0) return;
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
-  float L = 0.f, f[kAttnWarps];
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) {
-    f[w] = sm[w] == -INFINITY ? 0.f : expf(sm[w] - M);
-    L += sl[w] * f[w];
-  }
-  float* wp = work + ((static_cast<int64_t>(b) * r.H + h) * parts + part) * (2 + HD);
-  if (lane == 0) {
-    wp[0] = M;
-    wp[1] = L;
-  }
-  for (int d = lane; d < HD; d += 32) {
-    float acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) acc += sacc[w][d] * f[w];
-    wp[2 + d] = acc;
-  }
+  if (warp == 0) write_block_part<HD>(sm, sl, sacc, work, static_cast<int64_t>(b) * r.H + h, parts, part, lane);
 }
 
 // grid (H, B), hd threads, `parts` floats of dynamic shared memory: merges the parts the split

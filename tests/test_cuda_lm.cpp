@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
@@ -389,6 +390,39 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   EXPECT_LE(worst, 8e-2);
 }
 
+// One (row, head) of the temporal ring attention in double precision: the query of position qp
+// over a ring of C entries with upstream's visibility rule (see lm_attention.cuh) and a context
+// limit (0: none). q(j) is the query's dim j, key(idx, j) and val(idx, j) entry idx's stored key
+// and value (their scales applied). Returns the hd outputs.
+static std::vector<double> ring_attention_reference(int C, int hd, int qp, int context, const std::function<double(int)>& q,
+                                             const std::function<double(int, int)>& key,
+                                             const std::function<double(int, int)>& val) {
+  const int E = qp + 1;
+  std::vector<double> w(C, 0.0);
+  std::vector<char> vis(C, 0);
+  double mx = -1e300;
+  for (int idx = 0; idx < std::min(C, E); ++idx) {
+    const int delta = idx - E % C;
+    const int label = delta <= 0 ? E + delta : E + delta - C;
+    if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
+    double d = 0;
+    for (int j = 0; j < hd; ++j) d += q(j) * key(idx, j);
+    w[idx] = d / std::sqrt(static_cast<double>(hd));
+    vis[idx] = 1;
+    mx = std::max(mx, w[idx]);
+  }
+  double l = 0;
+  std::vector<double> acc(hd, 0.0);
+  for (int idx = 0; idx < C; ++idx) {
+    if (!vis[idx]) continue;
+    const double e = std::exp(w[idx] - mx);
+    l += e;
+    for (int j = 0; j < hd; ++j) acc[j] += e * val(idx, j);
+  }
+  for (double& a : acc) a /= l;
+  return acc;
+}
+
 // Rows alternate between two slots. 2 rows: a block per chunk of the ring. 64 rows: fewer blocks
 // than chunks, each block carrying its softmax across chunks (attention_parts). With row_pos:
 // every row at its own position (prompt prefill), as the query of that position.
@@ -430,36 +464,17 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
           const std::vector<float> got = host(out);
           double num = 0, den = 0;
           for (int b = 0; b < B; ++b) {
-            const int s = slots[b], qp = per_row ? rp[b] : positions[s], E = qp + 1;
+            const int s = slots[b], qp = per_row ? rp[b] : positions[s];
             for (int h = 0; h < H; ++h) {
-              std::vector<double> w(C, 0.0);
-              std::vector<char> vis(C, 0);
-              double mx = -1e300;
-              for (int idx = 0; idx < C; ++idx) {
-                if (idx >= E) continue;
-                const int delta = idx - E % C;
-                const int label = delta <= 0 ? E + delta : E + delta - C;
-                if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
-                double d = 0;
-                for (int j = 0; j < hd; ++j)
-                  d += static_cast<double>(hq[b * D + h * hd + j]) *
-                       hk[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
-                w[idx] = d / std::sqrt(static_cast<double>(hd));
-                vis[idx] = 1;
-                mx = std::max(mx, w[idx]);
-              }
-              double l = 0;
-              std::vector<double> acc(hd, 0.0);
-              for (int idx = 0; idx < C; ++idx) {
-                if (!vis[idx]) continue;
-                const double e = std::exp(w[idx] - mx);
-                l += e;
-                for (int j = 0; j < hd; ++j) acc[j] += e * hv[(static_cast<size_t>(s) * C + idx) * D + h * hd + j];
-              }
+              const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
+              const std::vector<double> ref = ring_attention_reference(
+                  C, hd, qp, context, [&](int j) { return static_cast<double>(hq[b * D + h * hd + j]); },
+                  [&](int idx, int j) { return static_cast<double>(hk[row0 + static_cast<size_t>(idx) * D + j]); },
+                  [&](int idx, int j) { return static_cast<double>(hv[row0 + static_cast<size_t>(idx) * D + j]); });
               for (int j = 0; j < hd; ++j) {
-                const double ref = acc[j] / l, g = got[b * D + h * hd + j];
-                num += (g - ref) * (g - ref);
-                den += ref * ref;
+                const double g = got[b * D + h * hd + j];
+                num += (g - ref[j]) * (g - ref[j]);
+                den += ref[j] * ref[j];
               }
             }
           }
@@ -542,37 +557,24 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
               PPX_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
               double worst = 0;
               for (int b = 0; b < B; ++b) {
-                const int s = slots[b], qp = per_row ? rp[b] : positions[s], E = qp + 1;
+                const int s = slots[b], qp = per_row ? rp[b] : positions[s];
                 for (int h = 0; h < H; ++h) {
-                  std::vector<double> w(C, 0.0);
-                  std::vector<char> vis(C, 0);
-                  double mx = -1e300;
-                  for (int idx = 0; idx < std::min(C, E); ++idx) {
-                    const int delta = idx - E % C;
-                    const int label = delta <= 0 ? E + delta : E + delta - C;
-                    if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
-                    const size_t row = (static_cast<size_t>(s) * C + idx) * D + h * hd;
-                    double d = 0;
-                    for (int j = 0; j < hd; ++j)
-                      d += static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j])) *
-                           fp8v(hk[row + j]);
-                    w[idx] = d * hks[(static_cast<size_t>(s) * C + idx) * H + h] / std::sqrt(static_cast<double>(hd));
-                    vis[idx] = 1;
-                    mx = std::max(mx, w[idx]);
-                  }
-                  double l = 0, num = 0, den = 0;
-                  std::vector<double> acc(hd, 0.0);
-                  for (int idx = 0; idx < C; ++idx) {
-                    if (!vis[idx]) continue;
-                    const double e = std::exp(w[idx] - mx), sc = hvs[(static_cast<size_t>(s) * C + idx) * H + h];
-                    l += e;
-                    const size_t row = (static_cast<size_t>(s) * C + idx) * D + h * hd;
-                    for (int j = 0; j < hd; ++j) acc[j] += e * sc * fp8v(hv[row + j]);
-                  }
+                  const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
+                  const size_t sc0 = static_cast<size_t>(s) * C * H + h;
+                  const std::vector<double> ref = ring_attention_reference(
+                      C, hd, qp, context,
+                      [&](int j) { return static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j])); },
+                      [&](int idx, int j) {
+                        return fp8v(hk[row0 + static_cast<size_t>(idx) * D + j]) * hks[sc0 + static_cast<size_t>(idx) * H];
+                      },
+                      [&](int idx, int j) {
+                        return fp8v(hv[row0 + static_cast<size_t>(idx) * D + j]) * hvs[sc0 + static_cast<size_t>(idx) * H];
+                      });
+                  double num = 0, den = 0;
                   for (int j = 0; j < hd; ++j) {
-                    const double ref = acc[j] / l, g = __bfloat162float(got[static_cast<size_t>(b) * D + h * hd + j]);
-                    num += (g - ref) * (g - ref);
-                    den += ref * ref;
+                    const double g = __bfloat162float(got[static_cast<size_t>(b) * D + h * hd + j]);
+                    num += (g - ref[j]) * (g - ref[j]);
+                    den += ref[j] * ref[j];
                   }
                   ASSERT_GT(den, 0.0);
                   worst = std::max(worst, std::sqrt(num / den));
