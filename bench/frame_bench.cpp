@@ -7,7 +7,7 @@
 // path: one batched LM step for every session with a frame ready), each fed one frame every 80 ms
 // in real time (staggered starts). Reports the batch step time, the batch sizes and each frame's
 // added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
-// budget (two frames). Batch steps are counted once every session is in its timed frames. The
+// budget (two frames), with their count per second of the run when there are any. Batch steps are counted once every session is in its timed frames. The
 // codec runs as in the server: batched by the codec scheduler (pass times and frames per pass
 // reported), or with --per-session-codec on each session's thread.
 //
@@ -94,6 +94,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
   std::mutex mu;  // guards the vectors below
   std::vector<double> step_ms, latency;
+  std::vector<int64_t> late_frames;  // timed frame index of each frame over budget (all sessions)
   std::vector<int> batch;
   // Batch steps count once every session is past its prompts and warm-up (before that, prompt
   // steps of some sessions run beside the real-time frames of others).
@@ -150,6 +151,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         // Staggered over one frame period, as real clients are.
         const auto t0 = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
         std::vector<double> mine;
+        std::vector<int64_t> my_late;
         for (int64_t f = 0; f < warmup + frames; ++f) {
           const auto arrival =
               t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
@@ -158,10 +160,14 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
           for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
           const auto fr = conv.step(pcm.data());
           if (!fr) throw ppx::Error("no frame produced after the system prompts");
-          if (f >= warmup) mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - arrival).count());
+          if (f >= warmup) {
+            mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - arrival).count());
+            if (mine.back() > 2 * frame_ms) my_late.push_back(f - warmup);
+          }
         }
         std::lock_guard<std::mutex> lk(mu);
         latency.insert(latency.end(), mine.begin(), mine.end());
+        late_frames.insert(late_frames.end(), my_late.begin(), my_late.end());
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lk(mu);
@@ -187,6 +193,13 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
+  // When in the run the late frames were: their count per second of timed frames (every session
+  // starts its timed frames within one frame period of the others).
+  if (!late_frames.empty()) {
+    std::vector<int64_t> per_s(static_cast<size_t>(std::ceil(frames * frame_ms / 1000.0)) + 1, 0);
+    for (int64_t f : late_frames) ++per_s[std::min(per_s.size() - 1, static_cast<size_t>(f * frame_ms / 1000.0))];
+    j["late_frames_per_second"] = per_s;
+  }
   j["added_latency_ms"] = ppx::app::latency_stats(latency);
   j["batch_step_ms"] = ppx::app::latency_stats(step_ms);
   j["batch_size"] = ppx::app::latency_stats(bsz);
