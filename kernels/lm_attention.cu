@@ -434,7 +434,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
 // half is then exact), undone with the key scale in fp32. p enters as half: each key's value scale
 // is folded into its weight as a bias on the score, p_k = 2^(s_k + log2 vscale_k - m) with m the
 // running maximum of those biased scores, so every weight is at most 1 and the largest is 1; the
-// sum l = sum 2^(s_k - m) stays fp32. Scores run in log2 units; m leaves in natural units.
+// sum l = sum 2^(s_k - m) stays fp32 (below 2^100: the bias is clamped at -100, which overstates
+// only keys whose value scale is below 2^-100, values of at most 448 x 2^-100). Scores run in log2
+// units; m leaves in natural units.
 constexpr int kFp8Hd = 128;
 constexpr int kFp8StageBytes = 2 * 16 * kFp8Hd + 2 * 16 * 4 + 16;  // keys, values, scales, mask
 template <int S>
@@ -480,7 +482,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     int e = 0;
     (void)frexpf(amax, &e);  // amax = f 2^e, f in [0.5, 1); 0 -> e = 0
-    const int sh = max(-100, min(100, 14 - e));
+    const int sh = max(-126, min(126, 14 - e));
     const float qs = ldexpf(1.f, sh);
     qmul = ldexpf(1.f, -sh) * rsqrtf(static_cast<float>(HD)) * kLog2e;
 #pragma unroll
@@ -715,14 +717,15 @@ int g_attention_policy = 0;
 
 constexpr int kFp8Stages = 3;  // policy 3 (benchmarks only): 4
 
-// Blocks of the fp8 tensor-core kernel with S stages that the device holds at once (its dynamic
-// shared memory allowed first), per device.
+// Blocks of the fp8 tensor-core kernel with S stages that the current device holds at once, its
+// dynamic shared memory allowed first (once per device); 0 when it does not fit the device (the
+// launch then refuses, see fp8_blocks_or_throw) or no device is current.
 template <int S>
 int fp8_resident_blocks() {
   static std::mutex mu;
   static std::map<int, int> by_device;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
   std::lock_guard<std::mutex> lk(mu);
   auto it = by_device.find(dev);
   if (it != by_device.end()) return it->second;
@@ -732,10 +735,19 @@ int fp8_resident_blocks() {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_fp8_mma_kernel<S>, kAttnWarps * 32,
                                                     fp8_attention_smem<S>()) != cudaSuccess ||
-      per < 1)
-    throw std::runtime_error("attention: the fp8 kernel's shared memory (" + std::to_string(fp8_attention_smem<S>()) +
-                             " bytes) does not fit this device");
+      per < 1) {
+    (void)cudaGetLastError();  // the failed query is not a later kernel's error
+    return by_device[dev] = 0;
+  }
   return by_device[dev] = per * sms;
+}
+template <int S>
+int fp8_blocks_or_throw() {
+  const int cap = fp8_resident_blocks<S>();
+  if (cap <= 0)
+    throw std::runtime_error("attention: the fp8 cache's kernel (" + std::to_string(fp8_attention_smem<S>()) +
+                             " bytes of shared memory a block) does not fit this device");
+  return cap;
 }
 
 bool fp8_tensor_core(const RingArgs& r) { return r.k8 != nullptr && r.hd == kFp8Hd && g_attention_policy != 2; }
@@ -743,10 +755,7 @@ bool fp8_tensor_core(const RingArgs& r) { return r.k8 != nullptr && r.hd == kFp8
 
 void attention_set_policy(int policy) { g_attention_policy = policy; }
 
-void attention_init() {
-  (void)fp8_resident_blocks<kFp8Stages>();
-  (void)fp8_resident_blocks<4>();
-}
+void attention_init() { (void)fp8_resident_blocks<kFp8Stages>(); }
 
 int attention_parts(int B, int H, int C, bool fp8) {
   const int splits = (C + kSplit - 1) / kSplit;
@@ -761,7 +770,7 @@ int attention_parts(int B, int H, int C, bool fp8) {
   // blocks) x (chunks per block + a block's fixed cost: filling its pipeline, q, the merge; about
   // 3 chunks' time). The fewest parts that minimise that.
   constexpr int kBlockCostChunks = 3;
-  const int cap = g_attention_policy == 3 ? fp8_resident_blocks<4>() : fp8_resident_blocks<kFp8Stages>();
+  const int cap = g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>();
   int best = 1;
   int64_t best_cost = -1;
   for (int p = 1; p <= splits; ++p) {
@@ -784,7 +793,9 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
   const bool tc = fp8_tensor_core(r);
-  if (tc) attention_init();  // once per device (outside stream capture when CudaLm made it first)
+  // The kernel's shared memory is allowed once per device (outside stream capture when CudaLm made
+  // it first, see attention_init); a device it does not fit is refused here.
+  if (tc) (void)(g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>());
   const int parts = attention_parts(B, r.H, r.C, tc);
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;

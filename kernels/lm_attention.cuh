@@ -49,8 +49,9 @@ size_t attention_work_floats(int B, int H, int hd, int C);
 // fp8: the fp8 cache's tensor-core kernel (hd 128), whose parts follow its resident blocks.
 int attention_parts(int B, int H, int C, bool fp8 = false);
 // Readies the fp8 tensor-core kernel on the current device (its shared memory size; the resident
-// blocks that attention_parts plans with). ring_attention calls it; call it first where the first
-// attention would be captured into a CUDA graph.
+// blocks that attention_parts plans with). Call it before the first attention is captured into a
+// CUDA graph (CudaLm does); ring_attention readies the device itself otherwise, and refuses (throws)
+// when the kernel does not fit it.
 void attention_init();
 void attention_set_policy(int policy);
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
