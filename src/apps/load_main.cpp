@@ -245,9 +245,11 @@ int body(int argc, char** argv) {
   so.target = target;
   so.handshake_timeout_s = o.handshake_timeout_s;
   so.drain_s = o.drain_s;
+  // A long text prompt makes a long target: the banner shows its start and its size.
+  std::string shown = o.api_key.empty() ? target : "/api/chat?... (api_key given)";
+  if (shown.size() > 120) shown = shown.substr(0, 100) + "... (" + std::to_string(target.size()) + " bytes)";
   std::printf("personaplex-load: %d session(s) x %.1f s (%lld frames) to ws://%s:%u%s\n",
-              o.sessions, o.duration_s, static_cast<long long>(frames), o.host.c_str(), o.port,
-              o.api_key.empty() ? target.c_str() : "/api/chat?... (api_key given)");
+              o.sessions, o.duration_s, static_cast<long long>(frames), o.host.c_str(), o.port, shown.c_str());
   std::fflush(stdout);
 
   std::vector<ppx::load::SessionTrace> traces(static_cast<size_t>(o.sessions));
