@@ -7,9 +7,10 @@
 // path: one batched LM step for every session with a frame ready), each fed one frame every 80 ms
 // in real time (staggered starts). Reports the batch step time, the batch sizes and each frame's
 // added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
-// budget (two frames), with their count per second of the run when there are any. Batch steps are counted once every session is in its timed frames. The
-// codec runs as in the server: batched by the codec scheduler (pass times and frames per pass
-// reported), or with --per-session-codec on each session's thread.
+// budget (two frames), with their count per second of the run when there are any. Batch steps
+// are counted once every session is in its timed frames. The codec runs as in the server: batched
+// by the codec scheduler (pass times and frames per pass reported), or with --per-session-codec on
+// each session's thread.
 //
 // --lm-batch B1 B2 ...: the batched LM step alone at each batch size (one LmBatch with max(B)
 // slots, every row a session with random provided audio tokens and sampled text and agent tokens):
@@ -59,7 +60,10 @@ namespace {
 ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps = 0) {
   ppx::SystemPrompt prompt;
   if (prompt_steps > 0) {
-    for (int i = 0; i < prompt_steps; ++i) prompt.text_tokens.push_back(100 + i % 500);
+    // Ordinary text tokens (past the specials at the start of every vocabulary), cycling.
+    const int card = m.cfg.lm->text_card;
+    const int first = std::min(100, card / 2), span = std::max(1, std::min(500, card - first));
+    for (int i = 0; i < prompt_steps; ++i) prompt.text_tokens.push_back(first + i % span);
   } else if (m.tokenizer) {
     prompt.text_tokens = m.tokenizer->encode(ppx::wrap_system_prompt("You are a wise and friendly teacher."));
   } else {

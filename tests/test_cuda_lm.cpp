@@ -394,9 +394,10 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
 // over a ring of C entries with upstream's visibility rule (see lm_attention.cuh) and a context
 // limit (0: none). q(j) is the query's dim j, key(idx, j) and val(idx, j) entry idx's stored key
 // and value (their scales applied). Returns the hd outputs.
-static std::vector<double> ring_attention_reference(int C, int hd, int qp, int context, const std::function<double(int)>& q,
-                                             const std::function<double(int, int)>& key,
-                                             const std::function<double(int, int)>& val) {
+static std::vector<double> ring_attention_reference(int C, int hd, int qp, int context,
+                                                    const std::function<double(int)>& q,
+                                                    const std::function<double(int, int)>& key,
+                                                    const std::function<double(int, int)>& val) {
   const int E = qp + 1;
   std::vector<double> w(C, 0.0);
   std::vector<char> vis(C, 0);
@@ -563,12 +564,16 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
                   const size_t sc0 = static_cast<size_t>(s) * C * H + h;
                   const std::vector<double> ref = ring_attention_reference(
                       C, hd, qp, context,
-                      [&](int j) { return static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j])); },
-                      [&](int idx, int j) {
-                        return fp8v(hk[row0 + static_cast<size_t>(idx) * D + j]) * hks[sc0 + static_cast<size_t>(idx) * H];
+                      [&](int j) {
+                        return static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j]));
                       },
                       [&](int idx, int j) {
-                        return fp8v(hv[row0 + static_cast<size_t>(idx) * D + j]) * hvs[sc0 + static_cast<size_t>(idx) * H];
+                        const size_t i = static_cast<size_t>(idx);
+                        return fp8v(hk[row0 + i * D + j]) * hks[sc0 + i * H];
+                      },
+                      [&](int idx, int j) {
+                        const size_t i = static_cast<size_t>(idx);
+                        return fp8v(hv[row0 + i * D + j]) * hvs[sc0 + i * H];
                       });
                   double num = 0, den = 0;
                   for (int j = 0; j < hd; ++j) {
