@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   l += __shfl_xor_sync(0xffffffffu, l, 16);
   __shared__ float sm[kAttnWarps], sl[kAttnWarps], sacc[kAttnWarps][HD];
   if (lane == 0) {
-    sm[warp] = m == -INFINITY ? m : m * kLn2;
+    sm[warp] = m * kLn2;  // -inf stays -inf
     sl[warp] = l;
   }
   if (t == 0) {
@@ -759,6 +759,9 @@ void attention_init() { (void)fp8_resident_blocks<kFp8Stages>(); }
 
 int attention_parts(int B, int H, int C, bool fp8) {
   const int splits = (C + kSplit - 1) / kSplit;
+  // The fp8 kernel's shared memory is allowed once per device here, for every batch (outside stream
+  // capture when CudaLm readied it first, see attention_init); a device it does not fit is refused.
+  const int cap = !fp8 ? 0 : g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>();
   // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
   // block per chunk.
   if (B <= 4 || g_attention_policy == 1) return splits;
@@ -770,7 +773,6 @@ int attention_parts(int B, int H, int C, bool fp8) {
   // blocks) x (chunks per block + a block's fixed cost: filling its pipeline, q, the merge; about
   // 3 chunks' time). The fewest parts that minimise that.
   constexpr int kBlockCostChunks = 3;
-  const int cap = g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>();
   int best = 1;
   int64_t best_cost = -1;
   for (int p = 1; p <= splits; ++p) {
@@ -793,10 +795,7 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
   const bool tc = fp8_tensor_core(r);
-  // The kernel's shared memory is allowed once per device (outside stream capture when CudaLm made
-  // it first, see attention_init); a device it does not fit is refused here.
-  if (tc) (void)(g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>());
-  const int parts = attention_parts(B, r.H, r.C, tc);
+  const int parts = attention_parts(B, r.H, r.C, tc);  // readies the fp8 kernel on this device
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;
     if (tc) {
