@@ -558,3 +558,64 @@ TEST_F(ServerTest, PromptCacheHitAnswersAsTheReplay) {
   EXPECT_EQ(h["prompt_cache"]["entries"], 1);
   EXPECT_EQ(h["prompt_cache"]["capacity_bytes"], size_t{16} << 20);
 }
+
+namespace {
+
+int process_threads() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+}  // namespace
+
+// A live conversation holds no thread of its own: its frames run on the session executor and the
+// schedulers (session_core.h). With 4 conversations streaming, the process has only the threads it
+// had with none, plus the 4 test clients'.
+TEST_F(ServerTest, LiveSessionsHoldNoThreadOfTheirOwn) {
+  start(4, 3.0);
+  expect_healthy();  // any thread made lazily on a first session exists from here on
+  const int before = process_threads();
+  std::vector<float> speech = user_speech();
+  speech.resize(30 * kFrame);
+  std::atomic<int> streaming{0};
+  std::atomic<bool> counted{false};
+  std::vector<Exchange> ex(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      Client c;
+      if (c.connect(port_, chat("&audio_seed=" + std::to_string(10 + i)))) {
+        bool marked = false;
+        ex[static_cast<size_t>(i)] = c.run(
+            audio_messages(speech), 80ms,
+            [&](const Exchange& e) {
+              if (e.audio_msgs >= 4 && !marked) {
+                marked = true;
+                ++streaming;
+              }
+              return counted.load() && e.audio_msgs >= 8;
+            },
+            60s);
+      }
+      c.drop();
+    });
+  }
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (streaming.load() < 4 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(streaming.load(), 4) << "the conversations did not all stream";
+  // The prompt phase's threads have handed over and exited (a brief race at most: recount).
+  int during = process_threads();
+  for (int tries = 0; during > before + 4 && tries < 50; ++tries) {
+    std::this_thread::sleep_for(20ms);
+    during = process_threads();
+  }
+  counted = true;
+  for (auto& t : clients) t.join();
+  EXPECT_LE(during, before + 4) << "threads with no session: " << before << ", with 4 live: " << during;
+  for (const auto& e : ex) {
+    EXPECT_GE(e.audio_msgs, 8);
+    EXPECT_TRUE(e.errors.empty());
+  }
+  expect_healthy();
+}

@@ -55,6 +55,13 @@ class CodecStream {
   virtual void encode(const float* pcm, int32_t* codes) = 0;
   // codes [num_codebooks] -> pcm [frame_samples]
   virtual void decode(const int32_t* codes, float* pcm) = 0;
+  // encode() and decode() without waiting, where the stream can: `done` runs once the call is
+  // complete (on another thread, or here before returning) with its error or nullptr. The arrays
+  // must stay alive until then, and a stream has one call in flight at a time. By default the call
+  // runs here.
+  using Done = std::function<void(std::exception_ptr)>;
+  virtual void encode_async(const float* pcm, int32_t* codes, Done done);
+  virtual void decode_async(const int32_t* codes, float* pcm, Done done);
 };
 
 // The CPU reference codec stream.
@@ -97,13 +104,35 @@ class Conversation {
   };
   // One frame of user audio [frame_samples] -> the agent frame (always produced after prompts).
   std::optional<FrameOut> step(const float* pcm_in, StageTimes* times = nullptr);
+  // step() without waiting for the codec and the LM where they can (CodecStream::encode_async,
+  // LmStepper::run_async): returns at once, and `done` runs once the frame is complete with the
+  // frame (nullopt before outputs start) or the error, on the thread that completed the last stage
+  // (a scheduler's: keep it short and hand longer work on), or here before returning. One frame in
+  // flight at a time; this object, its codec and stepper must stay alive until `done` has run.
+  using FrameDone = std::function<void(std::optional<FrameOut>, std::exception_ptr)>;
+  void step_async(const float* pcm_in, FrameDone done);
   const LmGen& lm_gen() const { return gen_; }
 
  private:
+  void after_encode();
+  void after_lm();
+  void end_async(std::optional<FrameOut> f, std::exception_ptr error);
+
   CodecStream& codec_;
+  LmStepper& stepper_;
   const LmConfig& lm_cfg_;
   LmGenConfig cfg_;
   LmGen gen_;
+  // The frame of step_async() in flight.
+  struct InFlight {
+    std::vector<float> pcm_in;
+    std::vector<int32_t> codes;
+    std::vector<int64_t> user;
+    StepResult result;
+    std::vector<int32_t> agent;
+    FrameOut frame;
+    FrameDone done;
+  } async_;
 };
 
 }  // namespace ppx

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -70,6 +72,12 @@ class LmStepper {
   virtual const LmConfig& config() const = 0;
   virtual void reset() = 0;  // empty KV cache, position 0
   virtual void run(const StepRequest& req, StepResult& out, StepLogits* logits) = 0;
+  // run() without waiting, where the stepper can (no logits): `done` runs once the step is
+  // complete (on another thread, or here before returning) with its error or nullptr. `req`, its
+  // arrays and `out` must stay alive until then; one step in flight at a time. By default the
+  // step runs here.
+  using Done = std::function<void(std::exception_ptr)>;
+  virtual void run_async(const StepRequest& req, StepResult& out, Done done);
   // Device time (ms) of the work of an earlier run that was still running when that run returned
   // (the CUDA engine's deferred depformer steps of provided streams); 0 when there is none.
   virtual double deferred_ms() const { return 0; }
@@ -108,6 +116,14 @@ class LmGen {
   // ([1 + dep_q], -1 = sample) overrides the sampled tokens (teacher forcing).
   std::optional<std::vector<int64_t>> step(const int64_t* user, const int64_t* agent, std::optional<int64_t> text,
                                            StepLogits* logits = nullptr, const int64_t* force = nullptr);
+  // step() in two halves around the model call, for a caller that runs the call itself (without
+  // waiting: LmStepper::run_async). begin_step() takes step()'s inputs and returns the model call
+  // to make, or nullptr when this step makes none (its output is nullopt and end_step() is not
+  // called); the request points into this object and stays valid until end_step(), which takes
+  // the call's result and returns what step() returns. Nothing else may run on this object in
+  // between. Throws as step() does (the --dep-q-exit guard in begin_step()).
+  const StepRequest* begin_step(const int64_t* user, const int64_t* agent, std::optional<int64_t> text);
+  std::optional<std::vector<int64_t>> end_step(const StepResult& r);
   // Voice-prompt replay: as step() with dummy provided tokens (initial audio, text = zero_text_code)
   // but feeding `embedding` [dim] to the temporal transformer instead of the cache column.
   void step_embedding(const float* embedding);
@@ -135,8 +151,10 @@ class LmGen {
     int in_col, tgt_col;
   };
   std::optional<Prepared> prepare(const int64_t* user, const int64_t* agent, std::optional<int64_t> text);
-  std::optional<std::vector<int64_t>> finish(const Prepared& p, const float* embedding, StepLogits* logits,
-                                             const int64_t* force);
+  // The model call of a prepared step (into req_ and its arrays), with the --dep-q-exit guard.
+  const StepRequest& request(const Prepared& p, const float* embedding, const int64_t* force);
+  // The call's result into the cache; the completed frame once outputs have started.
+  std::optional<std::vector<int64_t>> complete(const Prepared& p, const StepResult& r);
   int64_t& at(int k, int col) { return cache_[static_cast<size_t>(k) * ct_ + col]; }
   uint8_t& prov(int k, int col) { return provided_[static_cast<size_t>(k) * ct_ + col]; }
 
@@ -148,6 +166,11 @@ class LmGen {
   std::vector<int64_t> cache_;
   std::vector<uint8_t> provided_;  // [n_q + 1, CT] flags
   int64_t offset_ = 0;
+  // The model call being made: its arrays [K] and, between begin_step() and end_step(), its step.
+  std::vector<int64_t> req_in_, req_tgt_;
+  std::vector<uint8_t> req_pv_;
+  StepRequest req_;
+  std::optional<Prepared> pending_;
 };
 
 }  // namespace ppx

@@ -179,6 +179,10 @@ int serve(int argc, char** argv) {
   app.add_option("--io-threads", o.io_threads, "network threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  app.add_option("--session-threads", o.session_threads,
+                 "threads that run the live conversations' audio coding and pacing, shared by "
+                 "all sessions (default: a quarter of the CPU threads, 2 to 8)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--max-connections", o.max_connections,
                  "open client connections (HTTP and WebSocket); beyond it a 503 or an immediate "
                  "close (default: 4 per session slot + 64, within the file-descriptor limit)")

@@ -18,23 +18,40 @@ class CodecScheduler::SlotCodec : public CodecStream {
   void reset() override { submit(Kind::kReset); }
   void encode(const float* pcm, int32_t* codes) override { submit(Kind::kEncode, pcm, codes); }
   void decode(const int32_t* codes, float* pcm) override { submit(Kind::kDecode, nullptr, nullptr, codes, pcm); }
+  void encode_async(const float* pcm, int32_t* codes, Done done) override {
+    post(Kind::kEncode, std::move(done), pcm, codes);
+  }
+  void decode_async(const int32_t* codes, float* pcm, Done done) override {
+    post(Kind::kDecode, std::move(done), nullptr, nullptr, codes, pcm);
+  }
 
  private:
-  // Runs a job of this slot (blocks until the scheduler has).
-  void submit(Kind kind, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
-              const int32_t* codes_in = nullptr, float* pcm_out = nullptr) {
-    Job j;
+  static void fill(Job& j, Kind kind, int slot, const float* pcm_in, int32_t* codes_out, const int32_t* codes_in,
+                   float* pcm_out) {
     j.kind = kind;
-    j.slot = slot_;
+    j.slot = slot;
     j.pcm_in = pcm_in;
     j.codes_out = codes_out;
     j.codes_in = codes_in;
     j.pcm_out = pcm_out;
+  }
+  // Queues a job of this slot in async_ (one in flight); `done` gets its error.
+  void post(Kind kind, Done done, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
+            const int32_t* codes_in = nullptr, float* pcm_out = nullptr) {
+    fill(async_, kind, slot_, pcm_in, codes_out, codes_in, pcm_out);
+    s_.queue_.post(async_, [this, done = std::move(done)] { done(async_.error); });
+  }
+  // Runs a job of this slot (blocks until the scheduler has).
+  void submit(Kind kind, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
+              const int32_t* codes_in = nullptr, float* pcm_out = nullptr) {
+    Job j;
+    fill(j, kind, slot_, pcm_in, codes_out, codes_in, pcm_out);
     s_.queue_.submit(j);
   }
 
   CodecScheduler& s_;
   int slot_;
+  Job async_;  // the posted call in flight
 };
 
 CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass)

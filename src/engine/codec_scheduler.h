@@ -5,8 +5,9 @@
 // the next frames overlaps the LM's batch step (scheduler.h) on the other.
 //
 // Sessions reach it through the CodecStream that open() returns: its encode()/decode() hand the
-// frame to the scheduler and block until the pass that carries it is done, so a session has at
-// most one codec call in flight. reset() goes through the same queue.
+// frame to the scheduler and block until the pass that carries it is done (encode_async() and
+// decode_async() return at once and call back from the scheduler's thread instead), so a session
+// has at most one codec call in flight. reset() goes through the same queue.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,7 @@ class CodecScheduler {
     float* pcm_out = nullptr;
     bool done = false;
     std::exception_ptr error;
+    std::function<void()> on_done;  // posted jobs
   };
   void loop();
   // One batched call for `jobs` (all of one kind, distinct slots); failures fail them all.

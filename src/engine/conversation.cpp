@@ -40,8 +40,28 @@ int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silenc
   return voice + 2 * static_cast<int64_t>(silence_frames) + static_cast<int64_t>(p.text_tokens.size());
 }
 
+void CodecStream::encode_async(const float* pcm, int32_t* codes, Done done) {
+  std::exception_ptr error;
+  try {
+    encode(pcm, codes);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(error);
+}
+
+void CodecStream::decode_async(const int32_t* codes, float* pcm, Done done) {
+  std::exception_ptr error;
+  try {
+    decode(codes, pcm);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(error);
+}
+
 Conversation::Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen)
-    : codec_(codec), lm_cfg_(stepper.config()), cfg_(gen), gen_(stepper, gen) {}
+    : codec_(codec), stepper_(stepper), lm_cfg_(stepper.config()), cfg_(gen), gen_(stepper, gen) {}
 
 void Conversation::check_system_prompts(const SystemPrompt& p) const {
   const LmConfig& c = lm_cfg_;
@@ -141,6 +161,58 @@ std::optional<FrameOut> Conversation::step(const float* pcm_in, StageTimes* time
   codec_.decode(agent.data(), f.pcm.data());
   if (times) times->decode = ms(t2, clock::now());
   return f;
+}
+
+void Conversation::step_async(const float* pcm_in, FrameDone done) {
+  if (async_.done) throw Error("Conversation: a frame is already in flight");
+  const int half = lm_cfg_.n_q / 2;
+  async_.done = std::move(done);
+  async_.pcm_in.assign(pcm_in, pcm_in + codec_.frame_samples());
+  async_.codes.assign(static_cast<size_t>(half), 0);
+  codec_.encode_async(async_.pcm_in.data(), async_.codes.data(), [this](std::exception_ptr e) {
+    if (e) return end_async(std::nullopt, e);
+    after_encode();
+  });
+}
+
+void Conversation::after_encode() {
+  try {
+    async_.user.assign(async_.codes.begin(), async_.codes.end());
+    const StepRequest* req = gen_.begin_step(async_.user.data(), nullptr, std::nullopt);
+    if (!req) return end_async(std::nullopt, nullptr);
+    stepper_.run_async(*req, async_.result, [this](std::exception_ptr e) {
+      if (e) return end_async(std::nullopt, e);
+      after_lm();
+    });
+  } catch (...) {
+    end_async(std::nullopt, std::current_exception());
+  }
+}
+
+void Conversation::after_lm() {
+  try {
+    const auto out = gen_.end_step(async_.result);
+    if (!out) return end_async(std::nullopt, nullptr);
+    const int half = lm_cfg_.n_q / 2;
+    FrameOut& f = async_.frame;
+    f.tokens = *out;
+    f.text_token = (*out)[0];
+    async_.agent.resize(static_cast<size_t>(half));
+    for (int q = 0; q < half; ++q) async_.agent[static_cast<size_t>(q)] = static_cast<int32_t>((*out)[1 + q]);
+    f.pcm.assign(static_cast<size_t>(codec_.frame_samples()), 0.f);
+    codec_.decode_async(async_.agent.data(), f.pcm.data(), [this](std::exception_ptr e) {
+      if (e) return end_async(std::nullopt, e);
+      end_async(std::move(async_.frame), nullptr);
+    });
+  } catch (...) {
+    end_async(std::nullopt, std::current_exception());
+  }
+}
+
+void Conversation::end_async(std::optional<FrameOut> f, std::exception_ptr error) {
+  FrameDone done = std::move(async_.done);  // `this` may be gone once it has run
+  async_.done = nullptr;
+  if (done) done(std::move(f), error);
 }
 
 }  // namespace ppx

@@ -1,7 +1,9 @@
 // Jobs from many threads to one worker thread, the shape both frame schedulers share
-// (scheduler.h for the LM, codec_scheduler.h for the codec): a caller's submit() queues a job it
-// owns and blocks until the worker has run it; the worker takes everything queued at once, runs
-// it as one pass, and marks it done (or puts some back at the front for the next pass).
+// (scheduler.h for the LM, codec_scheduler.h for the codec). A caller either submit()s a job it
+// owns and blocks until the worker has run it, or post()s it with a completion callback and goes
+// on (the session loop of the server: no thread waits per session). The worker takes everything
+// queued at once, runs it as one pass, and marks it done (or puts some back at the front for the
+// next pass); finish() then runs the callbacks of the posted ones, on the worker's thread.
 #pragma once
 
 #include <condition_variable>
@@ -15,7 +17,8 @@
 
 namespace ppx {
 
-// Job: any type with `bool done` and `std::exception_ptr error`.
+// Job: any type with `bool done`, `std::exception_ptr error` and `std::function<void()> on_done`
+// (empty for submit()).
 template <typename Job>
 class JobQueue {
  public:
@@ -26,11 +29,28 @@ class JobQueue {
     {
       std::unique_lock<std::mutex> lk(mu_);
       if (stopping_) throw Error(std::string("the ") + name_ + " has stopped");
+      j.on_done = nullptr;
       pending_.push_back(&j);
       work_cv_.notify_one();
       done_cv_.wait(lk, [&] { return j.done; });
     }
     if (j.error) std::rethrow_exception(j.error);
+  }
+
+  // Caller side: queues `j` and returns; once the worker has run it, `on_done` runs on the
+  // worker's thread (j.error tells how it went). `j` must stay alive until then; `on_done` may
+  // destroy or reuse it. Must be short and must not throw (it delays the worker's next pass; hand
+  // longer work to another thread). Throws ppx::Error, without queuing, once stop() was called.
+  void post(Job& j, std::function<void()> on_done) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) throw Error(std::string("the ") + name_ + " has stopped");
+      j.done = false;
+      j.error = nullptr;
+      j.on_done = std::move(on_done);
+      pending_.push_back(&j);
+    }
+    work_cv_.notify_one();
   }
 
   // Worker side: waits for jobs and moves all of them into `out` (emptied first). False once
@@ -47,17 +67,35 @@ class JobQueue {
   // Worker side: marks `finished` done and puts `requeue` back at the front of the queue (they
   // run in the next pass, before newer jobs). `under_lock` runs while the queue is locked with the
   // number of jobs now queued (for the scheduler's own totals). Returns that number.
+  // The callbacks of posted jobs run after the lock is released, in the order of `finished`.
   size_t finish(const std::vector<Job*>& finished, const std::vector<Job*>& requeue,
                 const std::function<void(size_t)>& under_lock = {}) {
     size_t waiting = 0;
+    bool waiters = false;
+    callbacks_.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (Job* j : finished) j->done = true;
+      for (Job* j : finished) {
+        j->done = true;
+        if (j->on_done)
+          callbacks_.push_back(std::move(j->on_done));  // `j` may be gone once it runs
+        else
+          waiters = true;
+        j->on_done = nullptr;
+      }
       pending_.insert(pending_.begin(), requeue.begin(), requeue.end());
       waiting = pending_.size();
       if (under_lock) under_lock(waiting);
     }
-    done_cv_.notify_all();
+    if (waiters) done_cv_.notify_all();
+    for (auto& f : callbacks_) {
+      try {
+        f();
+      } catch (...) {
+        // A callback must not throw; if one does, the worker serves on.
+      }
+    }
+    callbacks_.clear();
     return waiting;
   }
 
@@ -83,6 +121,7 @@ class JobQueue {
   std::condition_variable work_cv_, done_cv_;
   std::vector<Job*> pending_;
   bool stopping_ = false;
+  std::vector<std::function<void()>> callbacks_;  // worker only (finish)
 };
 
 }  // namespace ppx

@@ -15,13 +15,17 @@ class LmScheduler::SlotStepper : public LmStepper {
   SlotStepper(LmScheduler& s, int slot) : s_(s), slot_(slot) {}
   ~SlotStepper() override {
     kept_.clear();  // the session is gone: its prompt no longer matters
-    Job j;
-    j.kind = Kind::kClose;
-    j.step.slot = slot_;
+    // Closed without waiting: the job deletes itself once run, and a later open() of the slot is
+    // queued behind it.
+    auto j = std::make_unique<Job>();
+    j->kind = Kind::kClose;
+    j->step.slot = slot_;
     try {
-      s_.queue_.submit(j);
+      Job* raw = j.get();
+      s_.queue_.post(*raw, [raw] { delete raw; });
+      j.release();
     } catch (...) {
-      // The slot's state is unusable anyway (device failure); the next open() resets it.
+      // Stopped: the slot's state goes with the scheduler.
     }
   }
   const LmConfig& config() const override { return s_.config(); }
@@ -56,11 +60,39 @@ class LmScheduler::SlotStepper : public LmStepper {
     j.queued = std::chrono::steady_clock::now();
     s_.queue_.submit(j);
   }
+  void run_async(const StepRequest& req, StepResult& out, Done done) override {
+    // A live step (not every stream provided): the kept prompt steps were handed over when the
+    // prompts ended (flush()); should any be left, they go first, waiting.
+    flush();
+    ++positions_;
+    ++calls_;
+    async_.step = BatchStep{slot_, &req, &out, nullptr};
+    async_.queued = std::chrono::steady_clock::now();
+    s_.queue_.post(async_, [this, done = std::move(done)] { done(async_.error); });
+  }
 
   // Model calls since open or reset (the slot's position), and since open (its random counter).
   int positions() const { return positions_; }
   int64_t calls_since_open() const { return calls_; }
   LmScheduler& scheduler() { return s_; }
+  // Hands the kept prompt steps over as a prefill job, waiting for it.
+  void flush() {
+    if (kept_.empty()) return;
+    const std::vector<Kept> kept = std::move(kept_);  // kept_ is empty whatever submit does
+    kept_.clear();
+    std::vector<StepRequest> reqs(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const Kept& k = kept[i];
+      reqs[i] = StepRequest{k.input.data(), k.embedding.empty() ? nullptr : k.embedding.data(), k.target.data(),
+                            k.provided.data(), nullptr};
+    }
+    Job j;
+    j.kind = Kind::kPrefill;
+    j.step.slot = slot_;
+    j.prefill = reqs.data();
+    j.prefill_n = static_cast<int>(reqs.size());
+    s_.queue_.submit(j);
+  }
   // The prompt cache's copies, as jobs in order with the steps (kept prompt steps go first).
   LmBatch::PrefixInfo save_prefix(size_t offset) {
     flush();
@@ -100,27 +132,11 @@ class LmScheduler::SlotStepper : public LmStepper {
     if (req.embedding) k.embedding.assign(req.embedding, req.embedding + c.dim);
     kept_.push_back(std::move(k));
   }
-  void flush() {
-    if (kept_.empty()) return;
-    const std::vector<Kept> kept = std::move(kept_);  // kept_ is empty whatever submit does
-    kept_.clear();
-    std::vector<StepRequest> reqs(kept.size());
-    for (size_t i = 0; i < kept.size(); ++i) {
-      const Kept& k = kept[i];
-      reqs[i] = StepRequest{k.input.data(), k.embedding.empty() ? nullptr : k.embedding.data(), k.target.data(),
-                            k.provided.data(), nullptr};
-    }
-    Job j;
-    j.kind = Kind::kPrefill;
-    j.step.slot = slot_;
-    j.prefill = reqs.data();
-    j.prefill_n = static_cast<int>(reqs.size());
-    s_.queue_.submit(j);
-  }
 
   LmScheduler& s_;
   int slot_;
   std::vector<Kept> kept_;
+  Job async_;  // the posted step in flight
   int positions_ = 0;
   int64_t calls_ = 0;
 };
@@ -144,8 +160,14 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
   auto* slot = dynamic_cast<SlotStepper*>(&stepper);
   // Only a slot that has not stepped since it was opened: a prefix carries the random counter of
   // a fresh slot (a reset keeps the counter where it was).
-  if (!cache_ || !slot || &slot->scheduler() != this || slot->calls_since_open() != 0)
-    return conv.run_system_prompts(p, on_step);
+  // The prompt's last kept steps are handed over before this returns, so that the session's
+  // first live step (possibly run_async()) does not wait for them.
+  const bool ours = slot && &slot->scheduler() == this;
+  if (!cache_ || !ours || slot->calls_since_open() != 0) {
+    const bool done = conv.run_system_prompts(p, on_step);
+    if (done && ours) slot->flush();
+    return done;
+  }
   conv.check_system_prompts(p);  // the same refusals as a replay, before any lookup
   const LmGenConfig& gen = conv.gen_config();
   const std::string key = prompt_cache_key(p, gen);
@@ -167,18 +189,21 @@ bool LmScheduler::run_system_prompts(LmStepper& stepper, Conversation& conv, con
   }
   PromptCache::Lease room = std::move(got.lease);
   bool done = false;
+  bool abandoned = false;
   try {
     done = conv.run_system_prompts(p, on_step);
     const int positions = slot->positions();
     if (!done || !room || positions <= 0 || positions >= batch_->config().context ||
         batch_->prefix_bytes(positions) > room.entry().bytes) {
+      abandoned = true;
       cache_->abandon(room);  // nothing (or nothing that fits) to save: waiting sessions replay
+      if (done) slot->flush();
       return done;
     }
     const LmBatch::PrefixInfo info = slot->save_prefix(room.entry().offset);
     cache_->commit(room, info, conv.lm_gen().state());
   } catch (...) {
-    cache_->abandon(room);
+    if (!abandoned) cache_->abandon(room);
     throw;
   }
   return true;

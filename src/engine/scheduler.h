@@ -2,8 +2,9 @@
 // batched model step for every session with a step ready, back to back while steps are ready.
 //
 // Sessions reach it through the LmStepper that open() returns: its run() hands the request to the
-// scheduler and blocks until the batch step that carries it is done, so a session has at most one
-// step in flight and gets at most one step per batch step (a client that bursts audio cannot take
+// scheduler and blocks until the batch step that carries it is done (run_async() returns at once
+// and calls back from the scheduler's thread instead), so a session has at most one step in flight
+// and gets at most one step per batch step (a client that bursts audio cannot take
 // the GPU from the others). Opening, resetting and closing a slot go through the same queue and run
 // between batch steps, in the order they were asked for; they allocate nothing on the device.
 // The network and session threads never touch the backend's LM themselves.
@@ -98,6 +99,7 @@ class LmScheduler {
     uint64_t seed = 0;
     bool done = false;
     std::exception_ptr error;
+    std::function<void()> on_done;  // posted jobs
   };
   void loop();
 

@@ -129,6 +129,7 @@ LmGen::LmGen(LmStepper& stepper, const LmGenConfig& gen) : stepper_(stepper), ge
 }
 
 void LmGen::reset() {
+  pending_.reset();
   offset_ = 0;
   std::fill(provided_.begin(), provided_.end(), 0);
   stepper_.reset();
@@ -138,6 +139,7 @@ void LmGen::restore(const State& s) {
   if (s.cache.size() != cache_.size() || s.provided.size() != provided_.size() || s.offset < 0)
     throw Error("generation state of another shape (" + std::to_string(s.cache.size()) + " cache entries, expected " +
                 std::to_string(cache_.size()) + ")");
+  pending_.reset();
   cache_ = s.cache;
   provided_ = s.provided;
   offset_ = s.offset;
@@ -175,33 +177,35 @@ std::optional<LmGen::Prepared> LmGen::prepare(const int64_t* user, const int64_t
   return Prepared{static_cast<int>((offset_ - 1) % ct_), static_cast<int>(offset_ % ct_)};
 }
 
-std::optional<std::vector<int64_t>> LmGen::finish(const Prepared& p, const float* embedding, StepLogits* logits,
-                                                  const int64_t* force) {
-  std::vector<int64_t> in(K_), tgt(K_);
-  std::vector<uint8_t> pv(K_);
+const StepRequest& LmGen::request(const Prepared& p, const float* embedding, const int64_t* force) {
+  req_in_.resize(K_);
+  req_tgt_.resize(K_);
+  req_pv_.resize(K_);
   for (int k = 0; k < K_; ++k) {
-    in[k] = at(k, p.in_col);
-    tgt[k] = at(k, p.tgt_col);
-    pv[k] = prov(k, p.tgt_col);
+    req_in_[k] = at(k, p.in_col);
+    req_tgt_[k] = at(k, p.tgt_col);
+    req_pv_[k] = prov(k, p.tgt_col);
   }
   // --dep-q-exit: the depformer steps that are not run must be of provided streams (in
   // conversation the user's codebooks always are), or their tokens would silently be missing.
   for (int s = stepper_.depformer_steps(); s < dep_q_; ++s) {
-    if (!pv[1 + s]) {
+    if (!req_pv_[1 + s]) {
       throw Error("--dep-q-exit " + std::to_string(stepper_.depformer_steps()) +
                   ": codebook stream " + std::to_string(1 + s) +
                   " is not provided at this step, and its depformer step is skipped (give the "
                   "user's audio every step, or run all " + std::to_string(dep_q_) + " steps)");
     }
   }
-  StepRequest req;
-  req.input = in.data();
-  req.embedding = embedding;
-  req.target = tgt.data();
-  req.provided = pv.data();
-  req.force = force;
-  StepResult r;
-  stepper_.run(req, r, logits);
+  req_ = StepRequest{};
+  req_.input = req_in_.data();
+  req_.embedding = embedding;
+  req_.target = req_tgt_.data();
+  req_.provided = req_pv_.data();
+  req_.force = force;
+  return req_;
+}
+
+std::optional<std::vector<int64_t>> LmGen::complete(const Prepared& p, const StepResult& r) {
   for (int k = 0; k < K_; ++k) prov(k, p.in_col) = 0;
   if (!prov(0, p.tgt_col)) at(0, p.tgt_col) = r.text;
   for (int s = 0; s < dep_q_; ++s) {
@@ -222,7 +226,26 @@ std::optional<std::vector<int64_t>> LmGen::step(const int64_t* user, const int64
                                                 const int64_t* force) {
   const auto p = prepare(user, agent, text);
   if (!p) return std::nullopt;
-  return finish(*p, nullptr, logits, force);
+  const StepRequest& req = request(*p, nullptr, force);
+  StepResult r;
+  stepper_.run(req, r, logits);
+  return complete(*p, r);
+}
+
+const StepRequest* LmGen::begin_step(const int64_t* user, const int64_t* agent, std::optional<int64_t> text) {
+  if (pending_) throw Error("LmGen: a step is already in flight");
+  const auto p = prepare(user, agent, text);
+  if (!p) return nullptr;
+  const StepRequest& req = request(*p, nullptr, nullptr);
+  pending_ = p;
+  return &req;
+}
+
+std::optional<std::vector<int64_t>> LmGen::end_step(const StepResult& r) {
+  if (!pending_) throw Error("LmGen: no step in flight");
+  const Prepared p = *pending_;
+  pending_.reset();
+  return complete(p, r);
 }
 
 void LmGen::step_embedding(const float* embedding) {
@@ -230,7 +253,20 @@ void LmGen::step_embedding(const float* embedding) {
   std::optional<Prepared> p;
   while (!(p = prepare(dummy.data(), dummy.data(), gen_.zero_text_code))) {
   }
-  finish(*p, embedding, nullptr, nullptr);
+  const StepRequest& req = request(*p, embedding, nullptr);
+  StepResult r;
+  stepper_.run(req, r, nullptr);
+  complete(*p, r);
+}
+
+void LmStepper::run_async(const StepRequest& req, StepResult& out, Done done) {
+  std::exception_ptr error;
+  try {
+    run(req, out, nullptr);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(error);
 }
 
 }  // namespace ppx

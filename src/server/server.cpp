@@ -580,6 +580,11 @@ struct Server::Impl {
     }
     for (auto& t : workers)
       if (t.joinable()) t.join();
+    // Every session has ended, so the executor runs out of work (their timers are cancelled).
+    hub->executor_guard.reset();
+    for (auto& t : hub->executor_threads)
+      if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+    hub->executor_threads.clear();
     net::post(ioc, [this] {
       beast::error_code ec;
       acceptor.close(ec);
@@ -600,6 +605,11 @@ struct Server::Impl {
   }
 };
 
+int default_session_threads() {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cpus / 4, 2, 8);
+}
+
 int default_max_connections(int max_sessions) {
   rlimit rl{};
   long fds = 1024;
@@ -613,12 +623,14 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
     : impl_(std::make_shared<Impl>()) {
   if (opts.max_sessions < 1) throw Error("--max-sessions must be at least 1");
   if (opts.max_connections < 0) throw Error("--max-connections must not be negative");
+  if (opts.session_threads < 0) throw Error("--session-threads must not be negative");
   if (!model.backend || !model.tokenizer)
     throw Error("server: a model backend and a text tokenizer are needed");
   SessionHub& hub = *impl_->hub;
   hub.opts = opts;
   if (hub.opts.max_connections == 0)
     hub.opts.max_connections = default_max_connections(opts.max_sessions);
+  if (hub.opts.session_threads == 0) hub.opts.session_threads = default_session_threads();
   hub.model = model;
   hub.slot_used.assign(static_cast<size_t>(opts.max_sessions), false);
   hub.slot_threads.resize(static_cast<size_t>(opts.max_sessions));
@@ -670,6 +682,28 @@ int Server::sessions_in_use() const { return impl_->hub->sessions_in_use(); }
 int Server::connections() const { return impl_->hub->connections.load(); }
 
 void Server::start() {
+  SessionHub& hub = *impl_->hub;
+  hub.executor_guard.emplace(hub.executor.get_executor());
+  for (int i = 0; i < hub.opts.session_threads; ++i) {
+    hub.executor_threads.emplace_back([h = &hub] {
+      try {
+        // Frames of --per-session-codec run their codec here: the device must be current.
+        h->model.backend->attach_thread();
+      } catch (const std::exception& e) {
+        log::error("session executor: cannot use the device", {{"error", e.what()}});
+      }
+      for (;;) {
+        try {
+          h->executor.run();
+          return;
+        } catch (const std::exception& e) {
+          log::error("session executor: uncaught exception (serving on)", {{"error", e.what()}});
+        } catch (...) {
+          log::error("session executor: uncaught exception (serving on)");
+        }
+      }
+    });
+  }
   impl_->do_accept();
   for (int i = 0; i < std::max(1, impl_->hub->opts.io_threads); ++i)
     impl_->threads.emplace_back([impl = impl_.get()] { impl->run_io(); });

@@ -45,6 +45,9 @@ struct ServerOptions {
   std::string max_sessions_source = "default";
   double idle_timeout_s = 10.0;  // a chat client that sends no audio for this long is dropped
   int io_threads = 2;
+  // Threads of the session executor, which runs every live conversation's events (audio
+  // decoding and encoding, pacing; session_core.h). 0: automatic (default_session_threads()).
+  int session_threads = 0;
   double ping_interval_s = 2.0;  // 0x06 messages while the system prompts run
   int max_connections = 0;  // open connections (HTTP + WebSocket); 0: default_max_connections()
   std::string api_key;      // non-empty: /api/* (and /metrics with metrics_auth) need it
@@ -63,6 +66,9 @@ struct ServerOptions {
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.
 int default_max_connections(int max_sessions);
+// A quarter of the CPU threads, at least 2 and at most 8 (a live session needs ~0.5 ms of CPU per
+// 80 ms frame: 8 threads serve well over 150 sessions).
+int default_session_threads();
 
 // wait()'s result: what the process should exit with.
 inline constexpr int kExitOk = 0;

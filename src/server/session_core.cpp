@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <boost/asio/post.hpp>
+
 #include "ppx/audio.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
@@ -116,6 +118,7 @@ void SessionCore::kill(SessionEnd why, const std::string& message) {
     }
   }
   cv_.notify_all();
+  if (is_live_) post_tick();
 }
 
 SessionEnd SessionCore::killed(std::string& detail) {
@@ -161,6 +164,7 @@ bool SessionCore::push_input(const uint8_t* data, size_t n) {
     queued_bytes_ += cost;
   }
   cv_.notify_all();
+  if (is_live_) post_tick();
   return true;
 }
 
@@ -169,28 +173,80 @@ bool SessionCore::alive() {
   return alive_;
 }
 
+// The live phase's state (the worker thread fills it, then only the strand touches it).
+struct SessionCore::Live {
+  int slot = 0;
+  std::unique_ptr<CodecStream> codec;
+  std::unique_ptr<LmStepper> stepper;
+  std::unique_ptr<Conversation> conv;
+  Clock::time_point t_start;        // the session's start (the duration limit)
+  Clock::time_point t_conv;         // the handshake (pacing)
+  Clock::time_point last_activity;  // the idle limit
+  Clock::time_point t_frame;        // the frame in flight: when it started
+  bool in_flight = false;           // a frame is in the schedulers
+  bool ended = false;
+};
+
+SessionCore::SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol)
+    : hub_(std::move(hub)),
+      protocol_(std::move(protocol)),
+      strand_(boost::asio::make_strand(hub_->executor)),
+      timer_(strand_) {
+  protocol_->attach(this);
+}
+
+// live_ goes with the session: its destructors hand the slot's model state back (finish() already
+// did unless the session never started).
+SessionCore::~SessionCore() = default;
+
+SessionEnd SessionCore::failed(std::exception_ptr e, std::string& detail) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const DeviceError& d) {
+    detail = std::string("device error: ") + d.what();
+    if (hub_->on_device_error) hub_->on_device_error(d.what());
+    return SessionEnd::kDeviceError;
+  } catch (const std::exception& x) {
+    detail = std::string("session failed: ") + x.what();
+  } catch (...) {
+    detail = "session failed: unknown error";
+  }
+  return SessionEnd::kSessionError;
+}
+
 void SessionCore::worker(int slot) {
-  const auto t0 = Clock::now();
+  t0_ = Clock::now();
   SessionEnd why = SessionEnd::kSessionError;
   std::string text;
-  const char* endpoint = protocol_->endpoint();
   try {
-    log::info("session started", {{"session", id_}, {"slot", slot}, {"endpoint", endpoint}});
-    // This thread steps the codec (and on CUDA launches its graphs): the backend's device must be
-    // current here too, not only on the thread that loaded the model.
+    log::info("session started", {{"session", id_}, {"slot", slot}, {"endpoint", protocol_->endpoint()}});
+    // This thread runs the system prompts (and with --per-session-codec launches the codec's
+    // graphs): the backend's device must be current here too, not only on the loading thread.
     hub_->model.backend->attach_thread();
-    why = run(slot, text);
-  } catch (const DeviceError& e) {
-    why = SessionEnd::kDeviceError;
-    text = std::string("device error: ") + e.what();
-    if (hub_->on_device_error) hub_->on_device_error(e.what());
-  } catch (const std::exception& e) {
-    why = SessionEnd::kSessionError;
-    text = std::string("session failed: ") + e.what();
+    const std::optional<SessionEnd> ended = prepare(slot, text);
+    if (!ended) {
+      // The conversation runs: from here on it is events on the strand.
+      is_live_ = true;
+      post_tick();
+      return;
+    }
+    why = *ended;
+  } catch (...) {
+    why = failed(std::current_exception(), text);
+  }
+  finish(slot, why, text);
+}
+
+void SessionCore::finish(int slot, SessionEnd why, const std::string& text) {
+  // The model state first (an LM slot closes through the scheduler's queue, ahead of any later
+  // session's open of the slot).
+  try {
+    live_.reset();
+  } catch (...) {
   }
   try {
     protocol_->on_end(why, text);
-    const double duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double duration_s = std::chrono::duration<double>(Clock::now() - t0_).count();
     // Leaving, timeouts, limits and shutdown are routine; a refused audio stream or a failed
     // session (a bad voice file, an internal error) is worth a look; a failed device ends the server.
     log::Level level = log::Level::kInfo;
@@ -201,7 +257,7 @@ void SessionCore::worker(int slot) {
     log::write(level, "session ended",
                {{"session", id_},
                 {"slot", slot},
-                {"endpoint", endpoint},
+                {"endpoint", protocol_->endpoint()},
                 {"duration_s", std::round(duration_s * 1000.0) / 1000.0},
                 {"frames", frames_},
                 {"end_reason", label(why)},
@@ -232,15 +288,17 @@ bool SessionCore::pump_input(SessionEnd& why, std::string& detail) {
   return true;
 }
 
-SessionEnd SessionCore::run(int slot, std::string& detail) {
+std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
   const ServerModel& m = hub_->model;
   const ServerOptions& o = hub_->opts;
   Protocol& proto = *protocol_;
   const int sr = m.sample_rate, fs = m.frame_samples;
-  const auto t_start = Clock::now();
+  auto L = std::make_unique<Live>();
+  L->slot = slot;
+  L->t_start = Clock::now();
   const auto max_duration = std::chrono::duration<double>(o.max_session_duration_s);
   auto over_duration = [&] {
-    if (o.max_session_duration_s <= 0 || Clock::now() - t_start < max_duration) return false;
+    if (o.max_session_duration_s <= 0 || Clock::now() - L->t_start < max_duration) return false;
     detail = "maximum session duration reached (" + fmt_seconds(o.max_session_duration_s) + ")";
     return true;
   };
@@ -278,24 +336,23 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   }
   const std::string wrapped = wrap_system_prompt(p.text_prompt);
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
-  std::unique_ptr<CodecStream> codec;
-  std::unique_ptr<LmStepper> stepper;
   if (hub_->codec) {
-    codec = hub_->codec->open(slot);  // through the codec scheduler's queue
+    L->codec = hub_->codec->open(slot);  // through the codec scheduler's queue
   } else {
     std::lock_guard<std::mutex> lk(hub_->backend_mu);
-    codec = m.backend->codec_stream(slot);
+    L->codec = m.backend->codec_stream(slot);
   }
   // The LM slot goes through the scheduler's queue: no lock held meanwhile.
-  stepper = hub_->scheduler->open(slot, p.gen, p.seed);
+  L->stepper = hub_->scheduler->open(slot, p.gen, p.seed);
   if (!alive()) return ended_early();
-  Conversation conv(*codec, *stepper, p.gen);
+  L->conv = std::make_unique<Conversation>(*L->codec, *L->stepper, p.gen);
+  Conversation& conv = *L->conv;
   // Audio sent before the conversation starts is decoded (so a stream stays in sync and the
   // input queue stays bounded) and dropped (/api/chat) or kept up to a bound (/v1/realtime): the
   // model cannot hear it yet.
   const auto t_prompts = Clock::now();
   bool cached = false;
-  const bool done = hub_->scheduler->run_system_prompts(*stepper, conv, prompt, [&](int64_t, int64_t) {
+  const bool done = hub_->scheduler->run_system_prompts(*L->stepper, conv, prompt, [&](int64_t, int64_t) {
     if (over_duration()) {
       why = SessionEnd::kMaxDuration;
       return false;
@@ -305,6 +362,7 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
     proto.on_prompt_tick(Clock::now());
     return true;
   }, &cached);
+  // The model state goes with L on the way out (the slot's LM state closes through the queue).
   if (!done) return early(why);
   log::info("session prompts done",
             {{"session", id_},
@@ -315,49 +373,108 @@ SessionEnd SessionCore::run(int slot, std::string& detail) {
   proto.drop_early_input();
 
   proto.on_ready();
-  auto last_activity = Clock::now();
-  const auto idle = std::chrono::duration<double>(o.idle_timeout_s);
-  // Pacing: a session may run ahead of real time (since its handshake) by kBurstFrames at most,
-  // so a client that sends audio faster than real time gets no more compute than a real-time
-  // one; its surplus waits in the protocol's decoder (bounded: beyond it the input fails).
-  const auto t_conv = Clock::now();
-  const auto frame_dur = std::chrono::duration<double>(static_cast<double>(fs) / sr);
-  auto frame_due = [&](int64_t k) {
-    return t_conv + std::chrono::duration_cast<Clock::duration>(
-                        frame_dur * static_cast<double>(std::max<int64_t>(0, k - kBurstFrames)));
-  };
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      const bool paced = proto.available() >= static_cast<size_t>(fs);
-      const auto until =
-          paced ? std::min(frame_due(frames_), Clock::now() + std::chrono::milliseconds(100))
-                : Clock::now() + std::chrono::milliseconds(100);
-      cv_.wait_until(lk, until, [&] { return !alive_ || (!paced && !in_.empty()); });
-    }
-    if (over_duration()) return SessionEnd::kMaxDuration;
+  L->last_activity = Clock::now();
+  L->t_conv = Clock::now();
+  live_ = std::move(L);
+  return std::nullopt;
+}
+
+void SessionCore::post_tick() {
+  if (tick_posted_.exchange(true)) return;
+  boost::asio::post(strand_, [self = shared_from_this()] { self->tick(); });
+}
+
+// Pacing: a session may run ahead of real time (since its handshake) by kBurstFrames at most, so
+// a client that sends audio faster than real time gets no more compute than a real-time one; its
+// surplus waits in the protocol's decoder (bounded: beyond it the input fails). With nothing to
+// do the session sleeps until the next frame is due or 100 ms pass (for the idle and duration
+// limits), unless input or a kill wakes it first.
+void SessionCore::tick() {
+  tick_posted_ = false;  // before anything is read: a later event posts again
+  if (!live_) return;    // ended
+  Live& L = *live_;
+  if (L.ended || L.in_flight) return;  // a frame in flight ticks when it completes
+  const ServerModel& m = hub_->model;
+  const ServerOptions& o = hub_->opts;
+  Protocol& proto = *protocol_;
+  const int sr = m.sample_rate, fs = m.frame_samples;
+  std::string detail;
+  try {
+    const auto now = Clock::now();
+    if (o.max_session_duration_s > 0 &&
+        now - L.t_start >= std::chrono::duration<double>(o.max_session_duration_s))
+      return end_live(SessionEnd::kMaxDuration,
+                      "maximum session duration reached (" + fmt_seconds(o.max_session_duration_s) + ")");
     const size_t before = proto.available();
-    if (!pump_input(why, detail)) return why;
+    SessionEnd why = SessionEnd::kClientLeft;
+    if (!pump_input(why, detail)) return end_live(why, detail);
     // Audio decoded, or paced audio still waiting, is activity.
-    if (proto.available() > before || proto.available() >= static_cast<size_t>(fs))
-      last_activity = Clock::now();
-    if (Clock::now() - last_activity > idle) {
-      detail = "idle timeout: no audio received for " + fmt_seconds(o.idle_timeout_s);
-      return SessionEnd::kIdleTimeout;
-    }
-    while (proto.available() >= static_cast<size_t>(fs) && Clock::now() >= frame_due(frames_)) {
+    if (proto.available() > before || proto.available() >= static_cast<size_t>(fs)) L.last_activity = now;
+    if (now - L.last_activity > std::chrono::duration<double>(o.idle_timeout_s))
+      return end_live(SessionEnd::kIdleTimeout, "idle timeout: no audio received for " + fmt_seconds(o.idle_timeout_s));
+    const auto frame_dur = std::chrono::duration<double>(static_cast<double>(fs) / sr);
+    const auto due = L.t_conv + std::chrono::duration_cast<Clock::duration>(
+                                    frame_dur * static_cast<double>(std::max<int64_t>(0, frames_ - kBurstFrames)));
+    const bool paced = proto.available() >= static_cast<size_t>(fs);
+    if (paced && now >= due) {
       const std::vector<float> pcm = proto.take(static_cast<size_t>(fs));
-      const auto t_frame = Clock::now();
-      const auto fr = conv.step(pcm.data());
-      const double frame_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_frame).count();
-      hub_->metrics.frame(frame_ms, 1000.0 * fs / sr);
-      budget_misses_ += frame_ms > 1000.0 * fs / sr;
-      if (!fr) continue;
-      proto.on_frame(fr->pcm, fr->text_token, text_piece(*m.tokenizer, fr->text_token));
-      ++frames_;
-      if (!alive()) return killed(detail);
+      L.in_flight = true;
+      L.t_frame = now;
+      L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
+                                                                  std::exception_ptr e) mutable {
+        // On a scheduler's thread: the rest runs on the session's strand, which takes the
+        // reference along (the session is never destroyed on a scheduler's thread).
+        Strand& strand = self->strand_;
+        boost::asio::post(strand, [self = std::move(self), f = std::move(f), e]() mutable {
+          self->frame_done(std::move(f), e);
+        });
+      });
+      return;
     }
+    const auto wake = paced ? std::min(due, now + std::chrono::milliseconds(100)) : now + std::chrono::milliseconds(100);
+    timer_.expires_at(wake);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->tick();
+    });
+  } catch (...) {
+    L.in_flight = false;  // a frame that could not start
+    const SessionEnd why = failed(std::current_exception(), detail);
+    end_live(why, detail);
   }
+}
+
+void SessionCore::frame_done(std::optional<FrameOut> f, std::exception_ptr error) {
+  Live& L = *live_;
+  L.in_flight = false;
+  std::string detail;
+  try {
+    if (error) std::rethrow_exception(error);
+    const ServerModel& m = hub_->model;
+    const double frame_ms = std::chrono::duration<double, std::milli>(Clock::now() - L.t_frame).count();
+    const double budget_ms = 1000.0 * m.frame_samples / m.sample_rate;
+    hub_->metrics.frame(frame_ms, budget_ms);
+    budget_misses_ += frame_ms > budget_ms;
+    if (f) {
+      protocol_->on_frame(f->pcm, f->text_token, text_piece(*m.tokenizer, f->text_token));
+      ++frames_;
+      if (!alive()) {
+        const SessionEnd why = killed(detail);
+        return end_live(why, detail);
+      }
+    }
+  } catch (...) {
+    const SessionEnd why = failed(std::current_exception(), detail);
+    return end_live(why, detail);
+  }
+  tick();  // the next frame at once when it is due
+}
+
+void SessionCore::end_live(SessionEnd why, const std::string& detail) {
+  Live& L = *live_;
+  if (L.ended) return;
+  L.ended = true;
+  timer_.cancel();
+  finish(L.slot, why, detail);
 }
 
 }  // namespace ppx::server

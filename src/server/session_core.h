@@ -1,18 +1,25 @@
 // One conversation, independent of the transport (plain TCP or TLS) and of the wire protocol
-// (/api/chat, /v1/realtime): the slot, the worker thread that owns the Conversation (voice and
-// text prompts, then one model step per 80 ms of client audio, paced to real time), the input
-// queue and its byte budget, the idle/duration limits, the kill state and the end reason.
+// (/api/chat, /v1/realtime): the slot, the Conversation (voice and text prompts, then one model
+// step per 80 ms of client audio, paced to real time), the input queue and its byte budget, the
+// idle/duration limits, the kill state and the end reason.
 //
 // Three pieces meet here:
 //  - the transport (server.cpp) runs on the connection's strand: it hands every client message to
 //    protocol().on_message() and implements enqueue()/enqueue_close() by posting to that strand;
 //  - the Protocol adapter turns client messages into PCM input and control (start parameters),
 //    and each output frame (PCM + text piece) into outgoing messages. Its strand side (on_open,
-//    on_message) runs on the strand, its worker side (ready, decode, take, on_ready, on_frame,
-//    on_end) on the session's worker thread;
+//    on_message) runs on the connection's strand, its worker side (ready, decode, take, on_ready,
+//    on_frame, on_end) in the session's worker context (below), one call at a time;
 //  - the session core (SessionCore) drives the worker side in real time.
-// The worker side is written so that a batched scheduler (issue #14) can later call it in place of
-// the per-session worker: it needs only decoded PCM in, one frame's results out.
+//
+// The worker context has two phases. Until the conversation starts (start parameters, voice file,
+// system prompts: blocking work of a few milliseconds to seconds) it is a thread of the session's
+// own. From then on the session is a set of events on the server's session executor (a few
+// threads shared by all sessions, SessionHub::executor), serialised by the session's strand:
+// input arriving, a timer (pacing, idle and duration limits), a kill, and a frame completing. A
+// frame runs without a waiting thread: Conversation::step_async hands it to the codec and LM
+// schedulers, whose threads call back when each stage is done. So a live conversation holds no
+// thread, and a frame's CPU work (audio decoding and encoding) runs on the executor.
 //
 // Input accounting: every queued input chunk (push_input) costs its payload plus
 // kMessageOverheadBytes against kMaxQueuedInputBytes, in every phase (the worker drains the queue
@@ -21,15 +28,22 @@
 // timer restarts only when audio decodes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include "ppx/conversation.h"
 #include "ppx/lm_gen.h"
 #include "server/end_reason.h"
 #include "server/log.h"
@@ -111,11 +125,8 @@ class Protocol {
 
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
-  SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol)
-      : hub_(std::move(hub)), protocol_(std::move(protocol)) {
-    protocol_->attach(this);
-  }
-  virtual ~SessionCore() = default;
+  SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol);
+  virtual ~SessionCore();
   SessionCore(const SessionCore&) = delete;
   SessionCore& operator=(const SessionCore&) = delete;
 
@@ -150,9 +161,24 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::shared_ptr<SessionHub> hub_;
 
  private:
+  using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;
+  struct Live;  // the conversation's state once it runs (session_core.cpp)
+
+  // The session's own thread: the prompt phase, then the hand-over to the executor (or the end).
   void worker(int slot);
-  // Runs the session until it ends; returns why, with the human-readable text in `detail`.
-  SessionEnd run(int slot, std::string& detail);
+  // The prompt phase: start parameters, voice, system prompts, then on_ready(). Returns nullopt
+  // with live_ set when the conversation starts, or why it ended (text in `detail`).
+  std::optional<SessionEnd> prepare(int slot, std::string& detail);
+  // Every session's end, on whichever side it happens: the protocol's goodbye, the log line,
+  // the metrics, the close; then the model state goes and the slot is released.
+  void finish(int slot, SessionEnd why, const std::string& detail);
+  // Maps an exception of the session (a DeviceError ends the server) to its end.
+  SessionEnd failed(std::exception_ptr e, std::string& detail);
+  // Live phase, on strand_.
+  void post_tick();  // any thread: have tick() run soon (coalesced)
+  void tick();       // input, limits, the next frame or the next wake-up
+  void frame_done(std::optional<FrameOut> f, std::exception_ptr error);
+  void end_live(SessionEnd why, const std::string& detail);
   // Moves queued client input into the protocol's decoder. False (with `why` and `detail` set)
   // when the session must end (killed, or the input failed).
   bool pump_input(SessionEnd& why, std::string& detail);
@@ -161,8 +187,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   std::unique_ptr<Protocol> protocol_;
   const std::string id_ = log::new_session_id();
+  Clock::time_point t0_;       // worker: when the session took its slot
   int64_t frames_ = 0;         // worker only
   int64_t budget_misses_ = 0;  // worker only: frames whose step took longer than the frame
+  Strand strand_;              // the live phase's events
+  boost::asio::steady_timer timer_;  // strand_ only
+  std::unique_ptr<Live> live_;       // set by the worker thread, then strand_ only
+  std::atomic<bool> is_live_{false};      // live_ handed to the strand: events post ticks
+  std::atomic<bool> tick_posted_{false};  // a tick is queued on the strand
   std::mutex mu_;       // guards the members below
   std::condition_variable cv_;
   bool alive_ = true;

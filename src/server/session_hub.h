@@ -10,9 +10,13 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include "engine/codec_scheduler.h"
 #include "engine/scheduler.h"
@@ -36,6 +40,12 @@ struct SessionHub {
   // (null with --per-session-codec: each session then takes its own codec stream).
   std::unique_ptr<CodecScheduler> codec;
 
+  // The live sessions' events (session_core.h): run by executor_threads (--session-threads),
+  // which the Server starts and joins on stop, once every session has ended.
+  boost::asio::io_context executor;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> executor_guard;
+  std::vector<std::thread> executor_threads;
+
   std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
   std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed
   // Called (once, on a session worker) when a DeviceError makes the device unusable.
@@ -44,9 +54,10 @@ struct SessionHub {
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
   std::vector<bool> slot_used;
-  std::vector<std::thread> slot_threads;  // the worker of each slot, joined on reuse and on stop
+  // The worker thread of each slot (a session's prompt phase), joined on reuse and on stop.
+  std::vector<std::thread> slot_threads;
   int in_use = 0;
-  int workers = 0;  // session worker threads still running
+  int workers = 0;  // sessions that have not ended yet (their slot is released as they end)
   bool draining = false, stopping = false, stopped = false;
   std::string device_error;  // non-empty once the device failed
   std::list<std::weak_ptr<SessionCore>> sessions;
@@ -57,7 +68,7 @@ struct SessionHub {
   // Starts the slot's worker thread (joining the slot's previous, finished one first). On failure
   // (thread creation) releases the slot and rethrows.
   void start_worker(int slot, std::function<void()> body);
-  // Called by a session's worker as its very last step.
+  // Called by a session as its very last step (on its worker thread or the executor).
   void release_slot(int slot);
   int sessions_in_use();
   // Ends every live session with `why` (its protocol's fatal message + close unless the client

@@ -1,0 +1,272 @@
+// The event-driven conversation step the server's live sessions run on (JobQueue::post,
+// Conversation::step_async through the codec and LM schedulers, on the CPU tiny model): sessions
+// driven by completion callbacks alone, with no thread of their own, give exactly the tokens and
+// audio of blocking sessions run alone; errors reach the callback.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "engine/codec_scheduler.h"
+#include "engine/job_queue.h"
+#include "engine/scheduler.h"
+#include "ppx/backend.h"
+#include "ppx/config.h"
+#include "ppx/conversation.h"
+#include "ppx/error.h"
+#include "ppx/lm.h"
+#include "ppx/mimi.h"
+#include "ppx/safetensors.h"
+#include "ppx/weights.h"
+#include "test_util.h"
+
+using namespace ppx;
+
+namespace {
+
+struct TestJob {
+  int value = 0;
+  bool done = false;
+  std::exception_ptr error;
+  std::function<void()> on_done;
+};
+
+// A worker that runs every pass's jobs (a value < 0 fails) and finishes them.
+void serve(JobQueue<TestJob>& q) {
+  std::vector<TestJob*> jobs;
+  while (q.take(jobs)) {
+    for (TestJob* j : jobs)
+      if (j->value < 0) j->error = std::make_exception_ptr(Error("negative"));
+    q.finish(jobs, {});
+  }
+}
+
+TEST(JobQueue, PostedJobsCallBackOnTheWorkerAndMayFreeThemselves) {
+  JobQueue<TestJob> q("test queue");
+  std::thread worker([&] { serve(q); });
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> seen;
+  std::vector<std::thread::id> threads;
+  int failed = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto* j = new TestJob;
+    j->value = i == 3 ? -1 : i;
+    q.post(*j, [&, j] {
+      std::lock_guard<std::mutex> lk(mu);
+      seen.push_back(j->value);
+      threads.push_back(std::this_thread::get_id());
+      failed += j->error ? 1 : 0;
+      delete j;  // allowed: the queue no longer touches it
+      cv.notify_all();
+    });
+  }
+  TestJob sync;  // a blocking submit beside posted jobs
+  sync.value = 7;
+  q.submit(sync);
+  EXPECT_TRUE(sync.done);
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return seen.size() == 5; }));
+  }
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, -1, 4}));  // in the order posted
+  EXPECT_EQ(failed, 1);
+  for (auto id : threads) EXPECT_EQ(id, worker.get_id());
+  q.stop();
+  worker.join();
+  TestJob late;
+  EXPECT_THROW(q.post(late, [] {}), Error);
+  EXPECT_THROW(q.submit(late), Error);
+}
+
+struct TinyModel {
+  ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
+  std::unique_ptr<ModelBackend> backend =
+      make_cpu_backend(std::make_unique<Mimi>(cfg.mimi, mw), std::make_unique<Lm>(*cfg.lm, lw));
+};
+
+// Session i's input: a tone and a little noise, different per session.
+std::vector<float> session_audio(int i, int frames, int fs) {
+  std::vector<float> x(static_cast<size_t>(frames) * fs);
+  uint32_t r = 12345u + 977u * static_cast<uint32_t>(i);
+  for (size_t n = 0; n < x.size(); ++n) {
+    r = r * 1664525u + 1013904223u;
+    const float noise = static_cast<float>(r >> 8) / 16777216.f - 0.5f;
+    x[n] = 0.3f * std::sin(0.01f * static_cast<float>(n) * (1.f + 0.2f * static_cast<float>(i))) + 0.05f * noise;
+  }
+  return x;
+}
+
+struct Output {
+  std::vector<int64_t> tokens;
+  std::vector<float> pcm;
+};
+
+void append(Output& o, const FrameOut& f) {
+  o.tokens.insert(o.tokens.end(), f.tokens.begin(), f.tokens.end());
+  o.pcm.insert(o.pcm.end(), f.pcm.begin(), f.pcm.end());
+}
+
+SystemPrompt short_prompt(int i) {
+  SystemPrompt p;
+  for (int k = 0; k < 3 + i % 5; ++k) p.text_tokens.push_back(5 + (i * 13 + k * 7) % 50);
+  return p;
+}
+
+// One session that steps itself from its own completion callbacks.
+struct ChainedSession {
+  std::unique_ptr<CodecStream> codec;
+  std::unique_ptr<LmStepper> stepper;
+  std::unique_ptr<Conversation> conv;
+  std::vector<float> audio;
+  int fs = 0, frames = 0, next = 0;
+  Output out;
+  std::exception_ptr error;
+  std::function<void()> ended;
+
+  void step() {
+    conv->step_async(audio.data() + static_cast<size_t>(next) * fs, [this](std::optional<FrameOut> f, std::exception_ptr e) {
+      if (e) {
+        error = e;
+        return ended();
+      }
+      if (f) append(out, *f);
+      if (++next == frames) return ended();
+      step();  // from the scheduler's thread: no thread of the session's own
+    });
+  }
+};
+
+TEST(SessionLoop, CallbackDrivenSessionsEqualBlockingOnesAlone) {
+  TinyModel t;
+  const LmGenConfig gen = *t.cfg.lm_gen;
+  constexpr int kSessions = 12, kFrames = 14;
+  const int fs = t.backend->codec_stream(0)->frame_samples();
+  std::vector<Output> alone(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    auto codec = t.backend->codec_stream(0);
+    codec->reset();
+    auto st = t.backend->lm_stepper(gen, 100 + i, -1);
+    Conversation conv(*codec, *st, gen);
+    ASSERT_TRUE(conv.run_system_prompts(short_prompt(i)));
+    const std::vector<float> audio = session_audio(i, kFrames, fs);
+    for (int k = 0; k < kFrames; ++k)
+      if (auto f = conv.step(audio.data() + static_cast<size_t>(k) * fs)) append(alone[i], *f);
+    ASSERT_FALSE(alone[i].tokens.empty());
+  }
+  CodecScheduler codec(t.backend->codec_batch(kSessions));
+  LmScheduler lm(t.backend->lm_batch(kSessions, -1));
+  std::vector<ChainedSession> s(kSessions);
+  std::mutex mu;
+  std::condition_variable cv;
+  int ended = 0;
+  for (int i = 0; i < kSessions; ++i) {
+    ChainedSession& c = s[i];
+    c.codec = codec.open(i);
+    c.stepper = lm.open(i, gen, 100 + i);
+    c.conv = std::make_unique<Conversation>(*c.codec, *c.stepper, gen);
+    ASSERT_TRUE(lm.run_system_prompts(*c.stepper, *c.conv, short_prompt(i)));
+    c.audio = session_audio(i, kFrames, fs);
+    c.fs = fs;
+    c.frames = kFrames;
+    c.ended = [&] {
+      std::lock_guard<std::mutex> lk(mu);
+      ++ended;
+      cv.notify_all();
+    };
+  }
+  for (auto& c : s) c.step();  // every session starts; from here on callbacks drive them
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended == kSessions; }));
+  }
+  for (int i = 0; i < kSessions; ++i) {
+    if (s[i].error) std::rethrow_exception(s[i].error);
+    EXPECT_EQ(s[i].out.tokens, alone[i].tokens) << "session " << i;
+    EXPECT_EQ(s[i].out.pcm, alone[i].pcm) << "session " << i;
+  }
+  EXPECT_NE(alone[0].tokens, alone[1].tokens);
+  EXPECT_GT(lm.totals().max_batch, 1) << "the scheduler never batched";
+  EXPECT_GT(codec.totals().max_encodes, 1);
+}
+
+// An error of any stage reaches the frame's callback once, and the session can step again.
+TEST(SessionLoop, AFailedStageReachesTheCallback) {
+  TinyModel t;
+  const LmGenConfig gen = *t.cfg.lm_gen;
+  // A codec stream (the default, blocking async calls) that fails the calls it is told to.
+  struct Flaky : CodecStream {
+    std::unique_ptr<CodecStream> inner;
+    bool fail_encode = false, fail_decode = false;
+    int frame_samples() const override { return inner->frame_samples(); }
+    int num_codebooks() const override { return inner->num_codebooks(); }
+    int codebook_size() const override { return inner->codebook_size(); }
+    void reset() override { inner->reset(); }
+    void encode(const float* pcm, int32_t* codes) override {
+      if (fail_encode) throw Error("encode failed");
+      inner->encode(pcm, codes);
+    }
+    void decode(const int32_t* codes, float* pcm) override {
+      if (fail_decode) throw Error("decode failed");
+      inner->decode(codes, pcm);
+    }
+  };
+  Flaky cs;
+  cs.inner = t.backend->codec_stream(0);
+  cs.inner->reset();
+  LmScheduler lm(t.backend->lm_batch(1, -1));
+  auto st = lm.open(0, gen, 1);
+  Conversation conv(cs, *st, gen);
+  const int fs = cs.frame_samples();
+  const std::vector<float> audio = session_audio(0, 8, fs);
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Got {
+    int calls = 0;
+    bool frame = false;
+    std::string error;
+  };
+  auto step = [&](int k) {
+    Got g;
+    conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&](std::optional<FrameOut> f, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lk(mu);
+      ++g.calls;
+      g.frame = f.has_value();
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          g.error = x.what();
+        }
+      }
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lk(mu);
+    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return g.calls > 0; }));
+    return g;
+  };
+  cs.fail_encode = true;
+  Got g = step(0);
+  EXPECT_EQ(g.calls, 1);
+  EXPECT_EQ(g.error, "encode failed");
+  cs.fail_encode = false;
+  for (int k = 1; k < 5; ++k) EXPECT_EQ(step(k).error, "");  // the tiny model speaks from its third step
+  cs.fail_decode = true;
+  g = step(5);
+  EXPECT_EQ(g.calls, 1);
+  EXPECT_EQ(g.error, "decode failed");
+  EXPECT_FALSE(g.frame);
+  cs.fail_decode = false;
+  g = step(6);
+  EXPECT_EQ(g.error, "");
+  EXPECT_TRUE(g.frame);
+}
+
+}  // namespace
