@@ -8,9 +8,10 @@
 // in real time (staggered starts). Reports the batch step time, the batch sizes and each frame's
 // added latency (its arrival to its output PCM ready) p50/p99/p99.9, and frames over the 160 ms
 // budget (two frames), with their count per second of the run when there are any. Batch steps
-// are counted once every session is in its timed frames. The codec runs as in the server: batched
-// by the codec scheduler (pass times and frames per pass reported), or with --per-session-codec on
-// each session's thread.
+// are counted once every session is in its timed frames. The sessions run as the server's do: a
+// thread each for the prompts, then no thread per session (Conversation::step_async, paced by one
+// thread). The codec runs as in the server: batched by the codec scheduler (pass times and frames
+// per pass reported), or with --per-session-codec each session's own stream, on shared threads.
 //
 // --lm-batch B1 B2 ...: the batched LM step alone at each batch size (one LmBatch with max(B)
 // slots, every row a session with random provided audio tokens and sampled text and agent tokens):
@@ -39,9 +40,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <optional>
+#include <queue>
 #include <random>
 #include <thread>
 
@@ -125,63 +131,187 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
   const ppx::SystemPrompt prompt = bench_prompt(m, o.prompt_steps);
   std::vector<std::string> errors;
-  std::vector<std::thread> threads;
-  // Every session waits here after its prompts and --prefill frames, so that no session's timed
-  // frames run beside another's prompt (a failed session counts as arrived).
-  std::atomic<int> ready{0};
-  auto arrive_and_wait = [&] {
-    ++ready;
-    while (ready.load() < sessions) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // One session: its model state and the timed phase's state.
+  struct Session {
+    std::unique_ptr<ppx::CodecStream> codec;
+    std::unique_ptr<ppx::LmStepper> stepper;
+    std::unique_ptr<ppx::Conversation> conv;
+    float w = 0;
+    std::vector<float> pcm;
+    int64_t f = 0;                       // the frame in flight (or next), warm-up included
+    Clock::time_point t0, arrival;       // timed phase start; the frame's arrival
+    std::vector<double> mine;            // added latency of each timed frame
+    std::vector<int64_t> my_late;        // timed frames over budget
   };
-  const auto t_start = Clock::now();
-  for (int s = 0; s < sessions; ++s) {
-    threads.emplace_back([&, s] {
-      bool arrived = false;
-      try {
-        m.backend->attach_thread();  // --device cuda:N: this thread's codec work on that device
-        std::unique_ptr<ppx::CodecStream> codec = codec_sched ? codec_sched->open(s) : m.backend->codec_stream(s);
-        auto stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
-        ppx::Conversation conv(*codec, *stepper, gen);
-        conv.run_system_prompts(prompt);
-        std::vector<float> pcm(fs);
-        const float w = 0.011f + 0.003f * static_cast<float>(s);
-        // --prefill: frames back to back (batched with the other sessions') to fill the context.
-        for (int64_t f = 0; f < prefill; ++f) {
-          for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
-          conv.step(pcm.data());
-        }
-        arrived = true;
-        arrive_and_wait();
-        // Staggered over one frame period, as real clients are.
-        const auto t0 = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
-        std::vector<double> mine;
-        std::vector<int64_t> my_late;
-        for (int64_t f = 0; f < warmup + frames; ++f) {
-          const auto arrival =
-              t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
-          if (f == warmup) ++timed;
-          std::this_thread::sleep_until(arrival);
-          for (int i = 0; i < fs; ++i) pcm[i] = 0.2f * std::sin(w * static_cast<float>(f * fs + i));
-          const auto fr = conv.step(pcm.data());
-          if (!fr) throw ppx::Error("no frame produced after the system prompts");
-          if (f >= warmup) {
-            mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - arrival).count());
-            if (mine.back() > 2 * frame_ms) my_late.push_back(f - warmup);
+  std::vector<Session> ss(static_cast<size_t>(sessions));
+  // --per-session-codec: the sessions' codec calls run on a few shared threads, as the server runs
+  // them on its session executor (8 threads at most there too).
+  std::mutex task_mu;
+  std::condition_variable task_cv;
+  std::deque<std::function<void()>> tasks;  // under task_mu
+  bool tasks_done = false;                  // under task_mu
+  std::vector<std::thread> codec_workers;
+  const auto post_codec = [&](std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lk(task_mu);
+      tasks.push_back(std::move(task));
+    }
+    task_cv.notify_one();
+  };
+  if (!codec_batch) {
+    for (int i = 0; i < 8; ++i) {
+      codec_workers.emplace_back([&] {
+        m.backend->attach_thread();
+        for (;;) {
+          std::function<void()> t;
+          {
+            std::unique_lock<std::mutex> lk(task_mu);
+            task_cv.wait(lk, [&] { return tasks_done || !tasks.empty(); });
+            if (tasks.empty()) return;
+            t = std::move(tasks.front());
+            tasks.pop_front();
           }
+          t();
         }
-        std::lock_guard<std::mutex> lk(mu);
-        latency.insert(latency.end(), mine.begin(), mine.end());
-        late_frames.insert(late_frames.end(), my_late.begin(), my_late.end());
-      } catch (const std::exception& e) {
-        {
+      });
+    }
+  }
+  // Stops the codec workers however the run ends.
+  struct JoinWorkers {
+    std::function<void()> f;
+    ~JoinWorkers() { f(); }
+  } join_workers{[&] {
+    {
+      std::lock_guard<std::mutex> lk(task_mu);
+      tasks_done = true;
+    }
+    task_cv.notify_all();
+    for (auto& t : codec_workers) t.join();
+  }};
+  auto input = [&](Session& x, int64_t f) {
+    for (int i = 0; i < fs; ++i) x.pcm[i] = 0.2f * std::sin(x.w * static_cast<float>(f * fs + i));
+  };
+  // Sessions start as the server's do: a thread each for the prompts (and --prefill frames, back to
+  // back, batched with the other sessions', to fill the context). No timed frame runs until every
+  // session is through (a failed session ends the run).
+  const auto t_start = Clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < sessions; ++s) {
+      threads.emplace_back([&, s] {
+        Session& x = ss[static_cast<size_t>(s)];
+        try {
+          m.backend->attach_thread();  // --device cuda:N: this thread's codec work on that device
+          if (codec_sched)
+            x.codec = codec_sched->open(s);
+          else  // its async calls run on the codec workers below, as the server's on the strands
+            x.codec = std::make_unique<ppx::PostingCodecStream>(m.backend->codec_stream(s), post_codec);
+          x.stepper = sched.open(s, gen, 42424242 + static_cast<uint64_t>(s));
+          x.conv = std::make_unique<ppx::Conversation>(*x.codec, *x.stepper, gen);
+          sched.run_system_prompts(*x.stepper, *x.conv, prompt);
+          x.pcm.resize(fs);
+          x.w = 0.011f + 0.003f * static_cast<float>(s);
+          for (int64_t f = 0; f < prefill; ++f) {
+            input(x, f);
+            x.conv->step(x.pcm.data());
+          }
+        } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lk(mu);
           errors.push_back("session " + std::to_string(s) + ": " + e.what());
         }
-        if (!arrived) ++ready;
-      }
-    });
+      });
+    }
+    for (auto& t : threads) t.join();
   }
-  for (auto& t : threads) t.join();
+  if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");
+  // The timed frames, as the server's live sessions run: no thread per session. A pacer thread
+  // starts each frame at its arrival (Conversation::step_async: the codec and LM schedulers'
+  // threads carry it on); its completion records the added latency and hands the session back to
+  // the pacer for its next arrival (or, with it passed, the next frame starts at once). Arrivals
+  // are staggered over one frame period, as real clients are.
+  struct Due {
+    Clock::time_point at;
+    int s;
+    bool operator>(const Due& o) const { return at > o.at; }
+  };
+  std::priority_queue<Due, std::vector<Due>, std::greater<Due>> due;  // under mu
+  std::condition_variable cv;
+  int finished = 0;  // under mu
+  const auto frame_at = [&](const Session& x, int64_t f) {
+    return x.t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
+  };
+  std::function<void(int)> start_frame = [&](int s) {
+    Session& x = ss[static_cast<size_t>(s)];
+    if (x.f == warmup) ++timed;
+    x.arrival = frame_at(x, x.f);
+    input(x, x.f);
+    x.conv->step_async(x.pcm.data(), [&, s](std::optional<ppx::FrameOut> fr, std::exception_ptr e) {
+      Session& y = ss[static_cast<size_t>(s)];
+      std::lock_guard<std::mutex> lk(mu);
+      std::string err;
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          err = x.what();
+        }
+      } else if (!fr) {
+        err = "no frame produced after the system prompts";
+      }
+      if (!err.empty()) {
+        errors.push_back("session " + std::to_string(s) + ": " + err);
+        ++finished;
+        cv.notify_all();
+        return;
+      }
+      if (y.f >= warmup) {
+        y.mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - y.arrival).count());
+        if (y.mine.back() > 2 * frame_ms) y.my_late.push_back(y.f - warmup);
+      }
+      if (++y.f == warmup + frames) {
+        ++finished;
+      } else {
+        due.push(Due{frame_at(y, y.f), s});
+      }
+      cv.notify_all();
+    });
+  };
+  const auto t_timed = Clock::now();
+  for (int s = 0; s < sessions; ++s) {
+    Session& x = ss[static_cast<size_t>(s)];
+    x.t0 = t_timed + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
+    due.push(Due{x.t0, s});
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    while (finished < sessions) {
+      if (due.empty()) {
+        cv.wait(lk);
+        continue;
+      }
+      const Due d = due.top();
+      if (Clock::now() < d.at) {
+        cv.wait_until(lk, d.at);
+        continue;
+      }
+      due.pop();
+      lk.unlock();
+      try {
+        start_frame(d.s);
+      } catch (const std::exception& e) {
+        lk.lock();
+        errors.push_back("session " + std::to_string(d.s) + ": " + e.what());
+        ++finished;
+        continue;
+      }
+      lk.lock();
+    }
+  }
+  if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");
+  for (const Session& x : ss) {
+    latency.insert(latency.end(), x.mine.begin(), x.mine.end());
+    late_frames.insert(late_frames.end(), x.my_late.begin(), x.my_late.end());
+  }
   const double wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");
   const double budget_ms = 2 * frame_ms;

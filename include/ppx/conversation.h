@@ -64,6 +64,33 @@ class CodecStream {
   virtual void decode_async(const int32_t* codes, float* pcm, Done done);
 };
 
+// A codec stream whose async calls run the blocking ones as a task handed to `post` (for example
+// a session's strand), so that a stream with no async calls of its own (a per-session CUDA or
+// CPU stream) never runs its work on the thread that completed the previous stage (a
+// scheduler's). The blocking calls run here, as the inner stream's.
+class PostingCodecStream : public CodecStream {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  PostingCodecStream(std::unique_ptr<CodecStream> inner, Post post)
+      : inner_(std::move(inner)), post_(std::move(post)) {}
+  int frame_samples() const override { return inner_->frame_samples(); }
+  int num_codebooks() const override { return inner_->num_codebooks(); }
+  int codebook_size() const override { return inner_->codebook_size(); }
+  void reset() override { inner_->reset(); }
+  void encode(const float* pcm, int32_t* codes) override { inner_->encode(pcm, codes); }
+  void decode(const int32_t* codes, float* pcm) override { inner_->decode(codes, pcm); }
+  void encode_async(const float* pcm, int32_t* codes, Done done) override {
+    post_([this, pcm, codes, done = std::move(done)] { inner_->encode_async(pcm, codes, done); });
+  }
+  void decode_async(const int32_t* codes, float* pcm, Done done) override {
+    post_([this, codes, pcm, done = std::move(done)] { inner_->decode_async(codes, pcm, done); });
+  }
+
+ private:
+  std::unique_ptr<CodecStream> inner_;
+  Post post_;
+};
+
 // The CPU reference codec stream.
 class CpuCodecStream : public CodecStream {
  public:

@@ -6,6 +6,7 @@
 // next pass); finish() then runs the callbacks of the posted ones, on the worker's thread.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -16,6 +17,18 @@
 #include "ppx/error.h"
 
 namespace ppx {
+
+namespace detail {
+// While a worker runs the callbacks of a pass (JobQueue::finish), the wake-ups of the jobs they
+// post (to any queue) wait until the last callback has run: a pass's follow-up jobs (the LM steps
+// of a codec pass's encodes, say) are then taken by the next worker in one batch, not the first
+// alone with the rest a whole pass later.
+struct HeldWakeups {
+  bool holding = false;
+  std::vector<std::condition_variable*> cvs;
+};
+inline thread_local HeldWakeups held_wakeups;
+}  // namespace detail
 
 // Job: any type with `bool done`, `std::exception_ptr error` and `std::function<void()> on_done`
 // (empty for submit()).
@@ -50,7 +63,12 @@ class JobQueue {
       j.on_done = std::move(on_done);
       pending_.push_back(&j);
     }
-    work_cv_.notify_one();
+    detail::HeldWakeups& h = detail::held_wakeups;
+    if (!h.holding) {
+      work_cv_.notify_one();
+    } else if (std::find(h.cvs.begin(), h.cvs.end(), &work_cv_) == h.cvs.end()) {
+      h.cvs.push_back(&work_cv_);
+    }
   }
 
   // Worker side: waits for jobs and moves all of them into `out` (emptied first). False once
@@ -88,6 +106,8 @@ class JobQueue {
       if (under_lock) under_lock(waiting);
     }
     if (waiters) done_cv_.notify_all();
+    detail::HeldWakeups& h = detail::held_wakeups;
+    h.holding = !callbacks_.empty();
     for (auto& f : callbacks_) {
       try {
         f();
@@ -95,6 +115,9 @@ class JobQueue {
         // A callback must not throw; if one does, the worker serves on.
       }
     }
+    h.holding = false;
+    for (std::condition_variable* cv : h.cvs) cv->notify_one();
+    h.cvs.clear();
     callbacks_.clear();
     return waiting;
   }

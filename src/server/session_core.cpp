@@ -184,7 +184,6 @@ struct SessionCore::Live {
   Clock::time_point last_activity;  // the idle limit
   Clock::time_point t_frame;        // the frame in flight: when it started
   bool in_flight = false;           // a frame is in the schedulers
-  bool ended = false;
 };
 
 SessionCore::SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol)
@@ -225,7 +224,9 @@ void SessionCore::worker(int slot) {
     hub_->model.backend->attach_thread();
     const std::optional<SessionEnd> ended = prepare(slot, text);
     if (!ended) {
-      // The conversation runs: from here on it is events on the strand.
+      // The conversation runs: from here on it is events on the strand. The session holds
+      // itself until it ends (its events hold it only weakly).
+      self_ = shared_from_this();
       is_live_ = true;
       post_tick();
       return;
@@ -234,14 +235,14 @@ void SessionCore::worker(int slot) {
   } catch (...) {
     why = failed(std::current_exception(), text);
   }
-  finish(slot, why, text);
+  finish(slot, nullptr, why, text);
 }
 
-void SessionCore::finish(int slot, SessionEnd why, const std::string& text) {
+void SessionCore::finish(int slot, std::unique_ptr<Live> live, SessionEnd why, const std::string& text) {
   // The model state first (an LM slot closes through the scheduler's queue, ahead of any later
   // session's open of the slot).
   try {
-    live_.reset();
+    live.reset();
   } catch (...) {
   }
   try {
@@ -340,7 +341,12 @@ std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
     L->codec = hub_->codec->open(slot);  // through the codec scheduler's queue
   } else {
     std::lock_guard<std::mutex> lk(hub_->backend_mu);
-    L->codec = m.backend->codec_stream(slot);
+    // --per-session-codec: the stream's work runs on the session's strand, never on the LM
+    // scheduler's thread that completes the step before the decode.
+    L->codec = std::make_unique<PostingCodecStream>(
+        m.backend->codec_stream(slot), [strand = strand_](std::function<void()> task) {
+          boost::asio::post(strand, std::move(task));
+        });
   }
   // The LM slot goes through the scheduler's queue: no lock held meanwhile.
   L->stepper = hub_->scheduler->open(slot, p.gen, p.seed);
@@ -381,7 +387,11 @@ std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
 
 void SessionCore::post_tick() {
   if (tick_posted_.exchange(true)) return;
-  boost::asio::post(strand_, [self = shared_from_this()] { self->tick(); });
+  // A weak reference: a tick posted as the session ends (a kill from the closing connection) must
+  // not keep it alive, nor, once the executor has stopped, the hub through it.
+  boost::asio::post(strand_, [weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->tick();
+  });
 }
 
 // Pacing: a session may run ahead of real time (since its handshake) by kBurstFrames at most, so
@@ -393,7 +403,7 @@ void SessionCore::tick() {
   tick_posted_ = false;  // before anything is read: a later event posts again
   if (!live_) return;    // ended
   Live& L = *live_;
-  if (L.ended || L.in_flight) return;  // a frame in flight ticks when it completes
+  if (L.in_flight) return;  // a frame in flight ticks when it completes
   const ServerModel& m = hub_->model;
   const ServerOptions& o = hub_->opts;
   Protocol& proto = *protocol_;
@@ -419,27 +429,36 @@ void SessionCore::tick() {
     if (paced && now >= due) {
       const std::vector<float> pcm = proto.take(static_cast<size_t>(fs));
       L.in_flight = true;
-      L.t_frame = now;
+      L.t_frame = Clock::now();
       L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
                                                                   std::exception_ptr e) mutable {
         // On a scheduler's thread: the rest runs on the session's strand, which takes the
-        // reference along (the session is never destroyed on a scheduler's thread).
+        // reference along (the session is never destroyed on a scheduler's thread). The frame
+        // holds the session until it is back: a session never ends with a frame in flight.
         Strand& strand = self->strand_;
-        boost::asio::post(strand, [self = std::move(self), f = std::move(f), e]() mutable {
-          self->frame_done(std::move(f), e);
-        });
+        try {
+          boost::asio::post(strand, [self = std::move(self), f = std::move(f), e]() mutable {
+            self->frame_done(std::move(f), e);
+          });
+        } catch (...) {
+          // Out of memory: the session cannot go on, and nothing here may wait.
+          log::error("session frame lost: cannot hand it back (out of memory)", {});
+        }
       });
       return;
     }
     const auto wake = paced ? std::min(due, now + std::chrono::milliseconds(100)) : now + std::chrono::milliseconds(100);
     timer_.expires_at(wake);
-    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      if (!ec) self->tick();
+    timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (auto self = weak.lock()) self->tick();
     });
   } catch (...) {
-    L.in_flight = false;  // a frame that could not start
     const SessionEnd why = failed(std::current_exception(), detail);
-    end_live(why, detail);
+    if (live_) {
+      live_->in_flight = false;  // a frame that could not start
+      end_live(why, detail);
+    }
   }
 }
 
@@ -470,11 +489,16 @@ void SessionCore::frame_done(std::optional<FrameOut> f, std::exception_ptr error
 }
 
 void SessionCore::end_live(SessionEnd why, const std::string& detail) {
-  Live& L = *live_;
-  if (L.ended) return;
-  L.ended = true;
-  timer_.cancel();
-  finish(L.slot, why, detail);
+  if (!live_) return;
+  const std::shared_ptr<SessionCore> keep = std::move(self_);  // released as this returns
+  std::unique_ptr<Live> live = std::move(live_);  // live_ is null from here: later events return
+  is_live_ = false;
+  const int slot = live->slot;
+  try {
+    timer_.cancel();
+  } catch (...) {
+  }
+  finish(slot, std::move(live), why, detail);
 }
 
 }  // namespace ppx::server

@@ -171,7 +171,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::optional<SessionEnd> prepare(int slot, std::string& detail);
   // Every session's end, on whichever side it happens: the protocol's goodbye, the log line,
   // the metrics, the close; then the model state goes and the slot is released.
-  void finish(int slot, SessionEnd why, const std::string& detail);
+  void finish(int slot, std::unique_ptr<Live> live, SessionEnd why, const std::string& detail);
   // Maps an exception of the session (a DeviceError ends the server) to its end.
   SessionEnd failed(std::exception_ptr e, std::string& detail);
   // Live phase, on strand_.
@@ -193,6 +193,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   Strand strand_;              // the live phase's events
   boost::asio::steady_timer timer_;  // strand_ only
   std::unique_ptr<Live> live_;       // set by the worker thread, then strand_ only
+  std::shared_ptr<SessionCore> self_;  // while live_ is set: the session's hold on itself
   std::atomic<bool> is_live_{false};      // live_ handed to the strand: events post ticks
   std::atomic<bool> tick_posted_{false};  // a tick is queued on the strand
   std::mutex mu_;       // guards the members below
