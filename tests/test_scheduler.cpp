@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -179,4 +181,71 @@ TEST(Scheduler, PrefillWaitsWhileLiveStepsAreLate) {
   const auto tot = sched.totals();
   EXPECT_GT(tot.prefill_deferrals, 0) << "no prefill job was put off while a live step waited";
   EXPECT_EQ(tot.prefill_positions, 4);
+}
+
+// Slot control does not wait for the batch step of its pass: a session's open() returns as soon
+// as its pass has opened the slot, while that pass's step still runs (a joining session waits for
+// at most the step in progress). Deterministic: every batch step is held until the test lets it go.
+TEST(Scheduler, SlotControlDoesNotWaitForItsPassBatchStep) {
+  TinyLm t;
+  struct Held : ForwardingBatch {
+    std::mutex mu;
+    std::condition_variable cv;
+    int runs = 0, allowed = 0;  // run k goes on once allowed > k
+    void run(const BatchStep* st, int n) override {
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        const int k = runs++;
+        cv.notify_all();
+        cv.wait(lk, [&] { return allowed > k; });
+      }
+      inner->run(st, n);
+    }
+    void allow(int n) {
+      std::lock_guard<std::mutex> lk(mu);
+      allowed = n;
+      cv.notify_all();
+    }
+    bool wait_runs(int n) {
+      std::unique_lock<std::mutex> lk(mu);
+      return cv.wait_for(lk, std::chrono::seconds(20), [&] { return runs >= n; });
+    }
+  };
+  auto held = std::make_unique<Held>();
+  held->inner = t.backend->lm_batch(3, -1);
+  Held* h = held.get();
+  LmScheduler sched(std::move(held));
+  const Script s = make_script(t.cfg, 2, false);
+  const int half = t.cfg.lm->n_q / 2;
+  auto sa = sched.open(0, s.gen, s.seed);
+  auto sb = sched.open(1, s.gen, s.seed + 1);
+  LmGen ga(*sa, s.gen), gb(*sb, s.gen);
+  ASSERT_FALSE(ga.step(s.user.data(), nullptr, std::nullopt));  // t = 0: no model call
+  ASSERT_FALSE(gb.step(s.user.data(), nullptr, std::nullopt));
+  StepResult ra, rb;
+  std::promise<void> a_done, b_done;
+  // Pass 1: b's step, held.
+  sb->run_async(*gb.begin_step(s.user.data() + half, nullptr, std::nullopt), rb, [&](std::exception_ptr e) {
+    EXPECT_FALSE(e);
+    b_done.set_value();
+  });
+  ASSERT_TRUE(h->wait_runs(1));
+  // Pass 2 will hold a's step and slot 2's open.
+  sa->run_async(*ga.begin_step(s.user.data() + half, nullptr, std::nullopt), ra, [&](std::exception_ptr e) {
+    EXPECT_FALSE(e);
+    a_done.set_value();
+  });
+  auto opened = std::async(std::launch::async, [&] { return sched.open(2, s.gen, 9); });
+  for (int i = 0; i < 2000 && sched.queued() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(sched.queued(), 2u);
+  h->allow(1);  // pass 1's step ends; pass 2 opens slot 2 and holds at its step
+  ASSERT_TRUE(h->wait_runs(2));
+  EXPECT_EQ(opened.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "open() waited for the batch step of its pass";
+  h->allow(1000);
+  EXPECT_EQ(a_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(b_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  ga.end_step(ra);
+  gb.end_step(rb);
+  opened.get();
 }

@@ -122,6 +122,12 @@ class JobQueue {
     return waiting;
   }
 
+  // Jobs queued and not yet taken by the worker.
+  size_t queued() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pending_.size();
+  }
+
   // Runs `f` under the queue's lock (for state the worker and callers share).
   template <typename F>
   auto locked(F&& f) {

@@ -239,7 +239,7 @@ void LmScheduler::loop() {
   }
   std::vector<Job*> jobs;
   std::vector<BatchStep> steps;
-  std::vector<Job*> step_jobs, later;
+  std::vector<Job*> step_jobs, later, control;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
   // Prefill's share (see kPrefillMaxStepWaitMs): credit that prefill jobs beside live steps
   // spend, earned by the time this thread waited for work and by a share of the batch steps' time;
@@ -281,6 +281,7 @@ void LmScheduler::loop() {
         step_jobs.push_back(j);
         continue;
       }
+      control.push_back(j);
       try {
         switch (j->kind) {
           case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
@@ -294,6 +295,13 @@ void LmScheduler::loop() {
       } catch (...) {
         j->error = std::current_exception();
       }
+    }
+    // Slot control is done: its callers go on now, not after the batch step (a joining session's
+    // open and prompt-cache load each wait for at most the step in progress, not also this one).
+    if (!control.empty()) {
+      queue_.finish(control, {});
+      std::erase_if(jobs, [&](Job* j) { return std::find(control.begin(), control.end(), j) != control.end(); });
+      control.clear();
     }
     // Prefill beside live steps only while they are served in time and within the time they left
     // (see kPrefillMaxStepWaitMs). Every pass with steps tells whether they were: the share moves.

@@ -83,6 +83,8 @@ class LmScheduler {
   static constexpr double kPrefillMaxCreditMs = 100;
   static constexpr double kPrefillMaxShare = 1.0;
   Totals totals();
+  // Jobs (steps, slot control, prefill) queued and not yet taken by a pass.
+  size_t queued() { return queue_.queued(); }
 
  private:
   class SlotStepper;
