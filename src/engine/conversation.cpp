@@ -40,24 +40,28 @@ int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silenc
   return voice + 2 * static_cast<int64_t>(silence_frames) + static_cast<int64_t>(p.text_tokens.size());
 }
 
-void CodecStream::encode_async(const float* pcm, int32_t* codes, Done done) {
+namespace {
+
+// Runs `call` here, then hands its error (or nullptr) to `done`.
+template <typename F>
+void run_now(F&& call, const std::function<void(std::exception_ptr)>& done) {
   std::exception_ptr error;
   try {
-    encode(pcm, codes);
+    call();
   } catch (...) {
     error = std::current_exception();
   }
   done(error);
 }
 
+}  // namespace
+
+void CodecStream::encode_async(const float* pcm, int32_t* codes, Done done) {
+  run_now([&] { encode(pcm, codes); }, done);
+}
+
 void CodecStream::decode_async(const int32_t* codes, float* pcm, Done done) {
-  std::exception_ptr error;
-  try {
-    decode(codes, pcm);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  done(error);
+  run_now([&] { decode(codes, pcm); }, done);
 }
 
 Conversation::Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen)
