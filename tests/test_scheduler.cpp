@@ -183,9 +183,10 @@ TEST(Scheduler, PrefillWaitsWhileLiveStepsAreLate) {
   EXPECT_EQ(tot.prefill_positions, 4);
 }
 
-// Slot control does not wait for the batch step of its pass: a session's open() returns as soon
-// as its pass has opened the slot, while that pass's step still runs (a joining session waits for
-// at most the step in progress). Deterministic: every batch step is held until the test lets it go.
+// Slot control does not wait for the batch step of its pass: a stepper's reset() returns as soon
+// as its pass has reset the slot, while that pass's step still runs (a joining session's calls
+// wait for at most the step in progress). Deterministic: every batch step is held until the test
+// lets it go.
 TEST(Scheduler, SlotControlDoesNotWaitForItsPassBatchStep) {
   TinyLm t;
   struct Held : ForwardingBatch {
@@ -219,33 +220,66 @@ TEST(Scheduler, SlotControlDoesNotWaitForItsPassBatchStep) {
   const int half = t.cfg.lm->n_q / 2;
   auto sa = sched.open(0, s.gen, s.seed);
   auto sb = sched.open(1, s.gen, s.seed + 1);
-  LmGen ga(*sa, s.gen), gb(*sb, s.gen);
-  ASSERT_FALSE(ga.step(s.user.data(), nullptr, std::nullopt));  // t = 0: no model call
-  ASSERT_FALSE(gb.step(s.user.data(), nullptr, std::nullopt));
-  StepResult ra, rb;
-  std::promise<void> a_done, b_done;
-  // Pass 1: b's step, held.
-  sb->run_async(*gb.begin_step(s.user.data() + half, nullptr, std::nullopt), rb, [&](std::exception_ptr e) {
-    EXPECT_FALSE(e);
-    b_done.set_value();
-  });
+  auto sc = sched.open(2, s.gen, s.seed + 2);
+  LmGen ga(*sa, s.gen), gb(*sb, s.gen), gc(*sc, s.gen);
+  for (LmGen* g : {&ga, &gb, &gc}) ASSERT_FALSE(g->step(s.user.data(), nullptr, std::nullopt));  // t = 0: no call
+  StepResult ra, rb, rc;
+  std::promise<void> a_done, b_done, c_done;
+  auto step = [&](LmStepper& st, LmGen& g, StepResult& r, std::promise<void>& done) {
+    st.run_async(*g.begin_step(s.user.data() + half, nullptr, std::nullopt), r, [&](std::exception_ptr e) {
+      EXPECT_FALSE(e);
+      done.set_value();
+    });
+  };
+  // Pass 1: c's step (let through), so that c's reset below has something to undo.
+  step(*sc, gc, rc, c_done);
   ASSERT_TRUE(h->wait_runs(1));
-  // Pass 2 will hold a's step and slot 2's open.
-  sa->run_async(*ga.begin_step(s.user.data() + half, nullptr, std::nullopt), ra, [&](std::exception_ptr e) {
-    EXPECT_FALSE(e);
-    a_done.set_value();
-  });
-  auto opened = std::async(std::launch::async, [&] { return sched.open(2, s.gen, 9); });
+  h->allow(1);
+  ASSERT_EQ(c_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  gc.end_step(rc);
+  // Pass 2: b's step, held.
+  step(*sb, gb, rb, b_done);
+  ASSERT_TRUE(h->wait_runs(2));
+  // Pass 3 will hold a's step and c's reset.
+  step(*sa, ga, ra, a_done);
+  auto reset = std::async(std::launch::async, [&] { sc->reset(); });
   for (int i = 0; i < 2000 && sched.queued() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_EQ(sched.queued(), 2u);
-  h->allow(1);  // pass 1's step ends; pass 2 opens slot 2 and holds at its step
-  ASSERT_TRUE(h->wait_runs(2));
-  EXPECT_EQ(opened.wait_for(std::chrono::seconds(20)), std::future_status::ready)
-      << "open() waited for the batch step of its pass";
+  h->allow(2);  // pass 2's step ends; pass 3 resets slot 2 and holds at its step
+  ASSERT_TRUE(h->wait_runs(3));
+  EXPECT_EQ(reset.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "reset() waited for the batch step of its pass";
   h->allow(1000);
   EXPECT_EQ(a_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
   EXPECT_EQ(b_done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
   ga.end_step(ra);
   gb.end_step(rb);
-  opened.get();
+  reset.get();
+}
+
+// open() does not wait for the scheduler; a failed open fails the slot's next call with its error,
+// and the slot opens again afterwards.
+TEST(Scheduler, AFailedOpenFailsTheSlotsNextCall) {
+  TinyLm t;
+  struct BadOpen : ForwardingBatch {
+    std::atomic<bool> fail{true};
+    void open(int s, const LmGenConfig& g, uint64_t seed) override {
+      if (fail) throw DeviceError("injected open failure");
+      inner->open(s, g, seed);
+    }
+  };
+  auto b = std::make_unique<BadOpen>();
+  b->inner = t.backend->lm_batch(1, -1);
+  BadOpen* bp = b.get();
+  LmScheduler sched(std::move(b));
+  Script s = make_script(t.cfg, 3, false);
+  s.prompt_steps = 0;
+  const int half = t.cfg.lm->n_q / 2;
+  {
+    auto st = sched.open(0, s.gen, s.seed);
+    EXPECT_THROW(play(*st, s, half), DeviceError);
+  }
+  bp->fail = false;
+  auto st = sched.open(0, s.gen, s.seed);
+  EXPECT_EQ(play(*st, s, half), play(*t.backend->lm_stepper(s.gen, s.seed, -1), s, half));
 }

@@ -15,7 +15,15 @@ class CodecScheduler::SlotCodec : public CodecStream {
   int frame_samples() const override { return s_.fs_; }
   int num_codebooks() const override { return s_.ncb_; }
   int codebook_size() const override { return s_.bins_; }
-  void reset() override { submit(Kind::kReset); }
+  // Queued, not waited for: the slot's later calls run after it (a failure of the device shows
+  // in them too). The job frees itself once run.
+  void reset() override {
+    auto j = std::make_unique<Job>();
+    fill(*j, Kind::kReset, slot_, nullptr, nullptr, nullptr, nullptr);
+    Job* raw = j.get();
+    s_.queue_.post(*raw, [raw] { delete raw; });
+    j.release();
+  }
   void encode(const float* pcm, int32_t* codes) override { submit(Kind::kEncode, pcm, codes); }
   void decode(const int32_t* codes, float* pcm) override { submit(Kind::kDecode, nullptr, nullptr, codes, pcm); }
   void encode_async(const float* pcm, int32_t* codes, Done done) override {

@@ -32,6 +32,9 @@ class LmScheduler::SlotStepper : public LmStepper {
   int depformer_steps() const override { return s_.batch_->depformer_steps(); }
   void reset() override {
     kept_.clear();  // position 0 again: the kept steps would have been undone
+    // Nothing has run since the open (LmGen resets its stepper as it starts): the slot is as a
+    // reset leaves it, so no job (and no wait).
+    if (calls_ == 0 && positions_ == 0) return;
     positions_ = 0;
     Job j;
     j.kind = Kind::kReset;
@@ -216,13 +219,22 @@ LmScheduler::~LmScheduler() {
 
 std::unique_ptr<LmStepper> LmScheduler::open(int slot, const LmGenConfig& gen, uint64_t seed) {
   if (slot < 0 || slot >= slots_) throw Error("LM slot " + std::to_string(slot) + " out of range");
-  Job j;
-  j.kind = Kind::kOpen;
-  j.step.slot = slot;
-  j.gen = &gen;
-  j.seed = seed;
-  queue_.submit(j);
-  return std::make_unique<SlotStepper>(*this, slot);
+  // Queued, not waited for: the slot's later jobs run after it (in order), and fail with its error
+  // should it fail. The job owns a copy of `gen` and frees itself once run.
+  struct OpenJob : Job {
+    LmGenConfig gen_copy;
+  };
+  auto j = std::make_unique<OpenJob>();
+  j->kind = Kind::kOpen;
+  j->step.slot = slot;
+  j->gen_copy = gen;
+  j->gen = &j->gen_copy;
+  j->seed = seed;
+  auto stepper = std::make_unique<SlotStepper>(*this, slot);
+  OpenJob* raw = j.get();
+  queue_.post(*raw, [raw] { delete raw; });
+  j.release();
+  return stepper;
 }
 
 LmScheduler::Totals LmScheduler::totals() {
@@ -241,6 +253,14 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later, control;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
+  // The error of each slot's last open, if it failed: the slot's later jobs fail with it (open()
+  // does not wait, so this is where its caller learns of it).
+  std::vector<std::exception_ptr> open_error(static_cast<size_t>(slots_));
+  auto failed_open = [&](const Job* j) -> std::exception_ptr {
+    const int s = j->step.slot;
+    if (j->kind == Kind::kOpen || j->kind == Kind::kClose || s < 0 || s >= slots_) return nullptr;
+    return open_error[static_cast<size_t>(s)];
+  };
   // Prefill's share (see kPrefillMaxStepWaitMs): credit that prefill jobs beside live steps
   // spend, earned by the time this thread waited for work and by a share of the batch steps' time;
   // the share grows while the live steps are served in time and halves when one was late (so it
@@ -261,6 +281,11 @@ void LmScheduler::loop() {
     for (Job* j : jobs) {
       if (attach_error) {
         j->error = attach_error;
+        continue;
+      }
+      if (std::exception_ptr e = failed_open(j)) {
+        j->error = e;
+        if (j->kind != Kind::kStep && j->kind != Kind::kPrefill) control.push_back(j);
         continue;
       }
       if (j->kind == Kind::kPrefill) {
@@ -284,7 +309,10 @@ void LmScheduler::loop() {
       control.push_back(j);
       try {
         switch (j->kind) {
-          case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
+          case Kind::kOpen:
+            open_error[static_cast<size_t>(j->step.slot)] = nullptr;
+            batch_->open(j->step.slot, *j->gen, j->seed);
+            break;
           case Kind::kReset: batch_->reset(j->step.slot); break;
           case Kind::kClose: batch_->close(j->step.slot); break;
           case Kind::kSavePrefix: j->prefix = batch_->save_prefix(j->step.slot, j->offset); break;
@@ -294,6 +322,7 @@ void LmScheduler::loop() {
         }
       } catch (...) {
         j->error = std::current_exception();
+        if (j->kind == Kind::kOpen) open_error[static_cast<size_t>(j->step.slot)] = j->error;
       }
     }
     // Slot control is done: its callers go on now, not after the batch step (a joining session's
