@@ -171,7 +171,10 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
             t = std::move(tasks.front());
             tasks.pop_front();
           }
-          t();
+          try {
+            t();  // a codec call hands its own error to its frame; nothing else may escape
+          } catch (...) {
+          }
         }
       });
     }
@@ -298,9 +301,16 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
       lk.unlock();
       try {
         start_frame(d.s);
-      } catch (const std::exception& e) {
+      } catch (...) {
+        std::string what = "unknown error";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
         lk.lock();
-        errors.push_back("session " + std::to_string(d.s) + ": " + e.what());
+        errors.push_back("session " + std::to_string(d.s) + ": " + what);
         ++finished;
         continue;
       }

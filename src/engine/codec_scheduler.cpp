@@ -15,8 +15,8 @@ class CodecScheduler::SlotCodec : public CodecStream {
   int frame_samples() const override { return s_.fs_; }
   int num_codebooks() const override { return s_.ncb_; }
   int codebook_size() const override { return s_.bins_; }
-  // Queued, not waited for: the slot's later calls run after it (a failure of the device shows
-  // in them too). The job frees itself once run.
+  // Queued, not waited for: the slot's later calls run after it, and fail with its error should
+  // it fail. The job frees itself once run.
   void reset() override {
     auto j = std::make_unique<Job>();
     fill(*j, Kind::kReset, slot_, nullptr, nullptr, nullptr, nullptr);
@@ -121,7 +121,14 @@ void CodecScheduler::loop() {
   }
   std::vector<Job*> jobs, enc, dec, later, finished;
   std::vector<char> enc_busy(static_cast<size_t>(slots_), 0), dec_busy(static_cast<size_t>(slots_), 0);
+  // Per pass: a job of the slot went to the next pass, so its later jobs follow it there (a slot's
+  // jobs run in the order asked: resets are posted without waiting, so a slot can have several).
+  std::vector<char> deferred(static_cast<size_t>(slots_), 0);
+  // The error of each slot's last reset, if it failed: the slot's later calls fail with it until a
+  // reset succeeds (nothing waits for a reset, so this is where its caller learns of it).
+  std::vector<std::exception_ptr> reset_error(static_cast<size_t>(slots_));
   while (queue_.take(jobs)) {
+    std::fill(deferred.begin(), deferred.end(), 0);
     enc.clear();
     dec.clear();
     later.clear();
@@ -141,16 +148,28 @@ void CodecScheduler::loop() {
         continue;
       }
       const size_t s = static_cast<size_t>(j->slot);
+      if (deferred[s]) {
+        later.push_back(j);
+        continue;
+      }
       if (j->kind == Kind::kReset) {
         if (enc_busy[s] || dec_busy[s]) {
           later.push_back(j);  // after this pass's frame of the slot, as asked
+          deferred[s] = 1;
           continue;
         }
         try {
+          reset_error[s] = nullptr;
           batch_->reset(j->slot);
         } catch (...) {
           j->error = std::current_exception();
+          reset_error[s] = j->error;
         }
+        finished.push_back(j);
+        continue;
+      }
+      if (reset_error[s]) {
+        j->error = reset_error[s];
         finished.push_back(j);
         continue;
       }
@@ -164,6 +183,7 @@ void CodecScheduler::loop() {
       std::vector<char>& busy = j->kind == Kind::kEncode ? enc_busy : dec_busy;
       if (busy[s]) {
         later.push_back(j);
+        deferred[s] = 1;
         continue;
       }
       busy[s] = 1;

@@ -49,6 +49,8 @@ class CodecScheduler {
     int max_encodes = 0, max_decodes = 0;
   };
   Totals totals();
+  // Calls queued and not yet taken by a pass.
+  size_t queued() { return queue_.queued(); }
 
  private:
   class SlotCodec;

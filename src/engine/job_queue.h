@@ -52,8 +52,10 @@ class JobQueue {
 
   // Caller side: queues `j` and returns; once the worker has run it, `on_done` runs on the
   // worker's thread (j.error tells how it went). `j` must stay alive until then; `on_done` may
-  // destroy or reuse it. Must be short and must not throw (it delays the worker's next pass; hand
-  // longer work to another thread). Throws ppx::Error, without queuing, once stop() was called.
+  // destroy or reuse it. Must be short, must not throw and must not wait for work it posts (it
+  // delays the worker's next pass, and the wake-ups of what it posts are held until the pass's
+  // callbacks are done; hand longer work to another thread). Throws ppx::Error, without queuing,
+  // once stop() was called.
   void post(Job& j, std::function<void()> on_done) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -67,7 +69,10 @@ class JobQueue {
     if (!h.holding) {
       work_cv_.notify_one();
     } else if (std::find(h.cvs.begin(), h.cvs.end(), &work_cv_) == h.cvs.end()) {
-      h.cvs.push_back(&work_cv_);
+      if (h.cvs.size() < h.cvs.capacity())
+        h.cvs.push_back(&work_cv_);
+      else
+        work_cv_.notify_one();  // more queues than reserved: wake now rather than allocate
     }
   }
 
@@ -107,6 +112,7 @@ class JobQueue {
     }
     if (waiters) done_cv_.notify_all();
     detail::HeldWakeups& h = detail::held_wakeups;
+    h.cvs.reserve(8);  // before any post() records a wake-up: recording then cannot fail
     h.holding = !callbacks_.empty();
     for (auto& f : callbacks_) {
       try {

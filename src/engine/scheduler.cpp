@@ -219,22 +219,17 @@ LmScheduler::~LmScheduler() {
 
 std::unique_ptr<LmStepper> LmScheduler::open(int slot, const LmGenConfig& gen, uint64_t seed) {
   if (slot < 0 || slot >= slots_) throw Error("LM slot " + std::to_string(slot) + " out of range");
-  // Queued, not waited for: the slot's later jobs run after it (in order), and fail with its error
-  // should it fail. The job owns a copy of `gen` and frees itself once run.
-  struct OpenJob : Job {
-    LmGenConfig gen_copy;
-  };
-  auto j = std::make_unique<OpenJob>();
-  j->kind = Kind::kOpen;
-  j->step.slot = slot;
-  j->gen_copy = gen;
-  j->gen = &j->gen_copy;
-  j->seed = seed;
-  auto stepper = std::make_unique<SlotStepper>(*this, slot);
-  OpenJob* raw = j.get();
-  queue_.post(*raw, [raw] { delete raw; });
-  j.release();
-  return stepper;
+  // Waited for (at most the batch step in progress: slot control is finished before its pass's
+  // step). Not waiting was tried: a client that connects and leaves at once then started its
+  // prompt replay before its leaving was seen, and that work delayed the live sessions on a CPU
+  // server (SoakTest.BesideChurnIdleConnectionsAndBadVoiceNames).
+  Job j;
+  j.kind = Kind::kOpen;
+  j.step.slot = slot;
+  j.gen = &gen;
+  j.seed = seed;
+  queue_.submit(j);
+  return std::make_unique<SlotStepper>(*this, slot);
 }
 
 LmScheduler::Totals LmScheduler::totals() {
@@ -253,14 +248,7 @@ void LmScheduler::loop() {
   std::vector<BatchStep> steps;
   std::vector<Job*> step_jobs, later, control;
   std::vector<char> busy(static_cast<size_t>(slots_), 0);
-  // The error of each slot's last open, if it failed: the slot's later jobs fail with it (open()
-  // does not wait, so this is where its caller learns of it).
-  std::vector<std::exception_ptr> open_error(static_cast<size_t>(slots_));
-  auto failed_open = [&](const Job* j) -> std::exception_ptr {
-    const int s = j->step.slot;
-    if (j->kind == Kind::kOpen || j->kind == Kind::kClose || s < 0 || s >= slots_) return nullptr;
-    return open_error[static_cast<size_t>(s)];
-  };
+
   // Prefill's share (see kPrefillMaxStepWaitMs): credit that prefill jobs beside live steps
   // spend, earned by the time this thread waited for work and by a share of the batch steps' time;
   // the share grows while the live steps are served in time and halves when one was late (so it
@@ -281,11 +269,6 @@ void LmScheduler::loop() {
     for (Job* j : jobs) {
       if (attach_error) {
         j->error = attach_error;
-        continue;
-      }
-      if (std::exception_ptr e = failed_open(j)) {
-        j->error = e;
-        if (j->kind != Kind::kStep && j->kind != Kind::kPrefill) control.push_back(j);
         continue;
       }
       if (j->kind == Kind::kPrefill) {
@@ -309,10 +292,7 @@ void LmScheduler::loop() {
       control.push_back(j);
       try {
         switch (j->kind) {
-          case Kind::kOpen:
-            open_error[static_cast<size_t>(j->step.slot)] = nullptr;
-            batch_->open(j->step.slot, *j->gen, j->seed);
-            break;
+          case Kind::kOpen: batch_->open(j->step.slot, *j->gen, j->seed); break;
           case Kind::kReset: batch_->reset(j->step.slot); break;
           case Kind::kClose: batch_->close(j->step.slot); break;
           case Kind::kSavePrefix: j->prefix = batch_->save_prefix(j->step.slot, j->offset); break;
@@ -322,7 +302,6 @@ void LmScheduler::loop() {
         }
       } catch (...) {
         j->error = std::current_exception();
-        if (j->kind == Kind::kOpen) open_error[static_cast<size_t>(j->step.slot)] = j->error;
       }
     }
     // Slot control is done: its callers go on now, not after the batch step (a joining session's

@@ -48,9 +48,7 @@ class LmScheduler {
   int slots() const { return slots_; }
   const LmConfig& config() const { return batch_->config(); }
   // A session takes `slot` (see LmBatch::open); the returned stepper closes it when destroyed.
-  // The open is queued, not waited for: the slot's next job runs after it, and should the
-  // backend's open() fail (ppx::Error, DeviceError), that job (the stepper's next call) fails with
-  // its error. Throws ppx::Error at once for a slot out of range.
+  // Throws what the backend's open() throws (ppx::Error, DeviceError).
   std::unique_ptr<LmStepper> open(int slot, const LmGenConfig& gen, uint64_t seed);
 
   // Runs the system prompts of `conv`, whose stepper is `stepper` (from open(), not yet stepped),

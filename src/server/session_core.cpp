@@ -228,14 +228,20 @@ void SessionCore::worker(int slot) {
       // itself until it ends (its events hold it only weakly).
       self_ = shared_from_this();
       is_live_ = true;
-      post_tick();
-      return;
+      try {
+        post_tick();
+        return;
+      } catch (...) {  // out of memory: the session ends here instead
+        is_live_ = false;
+        self_.reset();
+        throw;
+      }
     }
     why = *ended;
   } catch (...) {
     why = failed(std::current_exception(), text);
   }
-  finish(slot, nullptr, why, text);
+  finish(slot, std::move(live_), why, text);
 }
 
 void SessionCore::finish(int slot, std::unique_ptr<Live> live, SessionEnd why, const std::string& text) {
