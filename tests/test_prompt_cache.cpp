@@ -22,6 +22,7 @@
 #include "ppx/weights.h"
 #include "prompt_cache_test_util.h"
 #include "test_util.h"
+#include "tiny_model_util.h"
 
 using namespace ppx;
 
@@ -196,13 +197,7 @@ TEST(PromptCache, KeysTellPromptsApart) {
 
 namespace {
 
-struct TinyModel {
-  ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
-  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
-  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
-  std::unique_ptr<ModelBackend> backend =
-      make_cpu_backend(std::make_unique<Mimi>(cfg.mimi, mw), std::make_unique<Lm>(*cfg.lm, lw));
-};
+using test::TinyModel;
 
 // A voice prompt of `frames` frames of a tone, as prepare_voice_audio would hand it over.
 std::vector<float> tone(int frames, int fs) {

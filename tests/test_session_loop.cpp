@@ -24,6 +24,7 @@
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
 #include "test_util.h"
+#include "tiny_model_util.h"
 
 using namespace ppx;
 
@@ -84,13 +85,7 @@ TEST(JobQueue, PostedJobsCallBackOnTheWorkerAndMayFreeThemselves) {
   EXPECT_THROW(q.submit(late), Error);
 }
 
-struct TinyModel {
-  ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
-  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
-  FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
-  std::unique_ptr<ModelBackend> backend =
-      make_cpu_backend(std::make_unique<Mimi>(cfg.mimi, mw), std::make_unique<Lm>(*cfg.lm, lw));
-};
+using test::TinyModel;
 
 // Session i's input: a tone and a little noise, different per session.
 std::vector<float> session_audio(int i, int frames, int fs) {

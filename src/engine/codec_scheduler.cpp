@@ -20,9 +20,7 @@ class CodecScheduler::SlotCodec : public CodecStream {
   void reset() override {
     auto j = std::make_unique<Job>();
     fill(*j, Kind::kReset, slot_, nullptr, nullptr, nullptr, nullptr);
-    Job* raw = j.get();
-    s_.queue_.post(*raw, [raw] { delete raw; });
-    j.release();
+    s_.queue_.post_owned(std::move(j));
   }
   void encode(const float* pcm, int32_t* codes) override { submit(Kind::kEncode, pcm, codes); }
   void decode(const int32_t* codes, float* pcm) override { submit(Kind::kDecode, nullptr, nullptr, codes, pcm); }

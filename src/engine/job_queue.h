@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -126,6 +127,14 @@ class JobQueue {
     h.cvs.clear();
     callbacks_.clear();
     return waiting;
+  }
+
+  // post() of a job nobody waits for: the queue owns it and frees it once it has run (its error
+  // is the worker's to record). Throws as post() does, freeing the job.
+  void post_owned(std::unique_ptr<Job> j) {
+    Job* raw = j.get();
+    post(*raw, [raw] { delete raw; });
+    j.release();
   }
 
   // Jobs queued and not yet taken by the worker.

@@ -21,9 +21,7 @@ class LmScheduler::SlotStepper : public LmStepper {
     j->kind = Kind::kClose;
     j->step.slot = slot_;
     try {
-      Job* raw = j.get();
-      s_.queue_.post(*raw, [raw] { delete raw; });
-      j.release();
+      s_.queue_.post_owned(std::move(j));
     } catch (...) {
       // Stopped: the slot's state goes with the scheduler.
     }
