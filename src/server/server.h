@@ -66,9 +66,9 @@ struct ServerOptions {
 
 // 4 connections per session slot plus 64 for HTTP requests, within the file-descriptor limit.
 int default_max_connections(int max_sessions);
-// A quarter of the CPU threads, at least 2 and at most 8. A live /api/chat session needs ~0.65 ms
-// of CPU per 80 ms frame (Opus encode 0.57 ms, decode 0.07 ms, measured on one core of the 2-core
-// development VM), so 4 threads keep up with ~400 sessions.
+// A quarter of the CPU threads, at least 2 and at most 8. A live /api/chat session needs ~0.4 ms
+// of CPU per 80 ms frame (Opus encode 0.33 ms, decode 0.07 ms, measured on one core of the 2-core
+// development VM: bench/results/cpu_2026-12-05_v24), so 4 threads keep up with ~800 sessions.
 int default_session_threads();
 
 // wait()'s result: what the process should exit with.
