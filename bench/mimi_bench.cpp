@@ -31,6 +31,8 @@
 
 namespace {
 
+bool g_fp16_always = false;  // --mimi-fp16-always
+
 // Test signal of frame f.
 void fill_frame(std::vector<float>& pcm, int f) {
   const int fs = static_cast<int>(pcm.size());
@@ -68,12 +70,13 @@ class EncDecTimer {
 };
 
 // Times graph replays of one encode and one decode per frame; returns the GPU description.
-std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames, double* load_ms,
-                       std::vector<double>& enc, std::vector<double>& dec) {
+std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames, bool fp16,
+                       double* load_ms, std::vector<double>& enc, std::vector<double>& dec) {
   using namespace ppx::cuda;
   if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
   const double t_load = ppx::app::now_ms();
-  CudaMimi mimi(c, w, 1);
+  CudaMimi mimi(c, w, 1, true, fp16);
+  mimi.set_mma_always(g_fp16_always);
   *load_ms = ppx::app::now_ms() - t_load;
   const int fs = mimi.frame_samples();
   cudaStream_t s;
@@ -103,11 +106,12 @@ std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmu
 
 // --batch: per batch size, graph replays of one batched encode and one batched decode per frame.
 nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames,
-                                          const std::vector<int>& sizes) {
+                                          bool fp16, const std::vector<int>& sizes) {
   using namespace ppx::cuda;
   if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
   const int max_n = *std::max_element(sizes.begin(), sizes.end());
-  CudaMimi mimi(c, w, max_n);
+  CudaMimi mimi(c, w, max_n, true, fp16);
+  mimi.set_mma_always(g_fp16_always);
   const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
   cudaStream_t s;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -180,6 +184,10 @@ int bench(int argc, char** argv) {
   app.add_option("--batch", batch_sizes, "with --device cuda: time the batched encode and decode of this many slots")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
+  bool fp16 = false, fp16_always = false;
+  app.add_flag("--mimi-fp16", fp16, "with --device cuda: the fp16 tensor-core convolutions (CudaOptions::mimi_fp16)");
+  app.add_flag("--mimi-fp16-always", fp16_always,
+               "with --mimi-fp16: tensor cores in every launch, also those it leaves in fp32 (small batches)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -192,16 +200,21 @@ int bench(int argc, char** argv) {
   } else {
     w = std::make_unique<ppx::FileWeights>(std::make_shared<const ppx::SafeTensors>(weights));
   }
+  if (fp16 && device != "cuda") throw ppx::Error("--mimi-fp16 needs --device cuda");
+  if (fp16_always && !fp16) throw ppx::Error("--mimi-fp16-always needs --mimi-fp16");
+  g_fp16_always = fp16_always;
   if (!batch_sizes.empty()) {
     if (device != "cuda") throw ppx::Error("--batch needs --device cuda");
 #ifdef PPX_HAVE_CUDA
     nlohmann::ordered_json j;
-    j["bench"] = "mimi_cuda_fp32_batched";
+    j["bench"] = fp16 ? "mimi_cuda_fp16_batched" : "mimi_cuda_fp32_batched";
+    j["mimi_fp16"] = fp16;
+    j["mimi_fp16_always"] = fp16_always;
     j["config"] = config;
     j["weights"] = weights.empty() ? "random" : weights;
     j["frames"] = frames;
     j["warmup"] = warmup;
-    j.update(bench_cuda_batches(cfg.mimi, *w, warmup, frames, batch_sizes));
+    j.update(bench_cuda_batches(cfg.mimi, *w, warmup, frames, fp16, batch_sizes));
     j["machine"] = ppx::app::machine_info();
     j["command"] = ppx::app::command_line(argc, argv);
     ppx::app::emit_json(j, out);
@@ -215,7 +228,7 @@ int bench(int argc, char** argv) {
   std::string gpu;
   if (device == "cuda") {
 #ifdef PPX_HAVE_CUDA
-    gpu = bench_cuda(cfg.mimi, *w, warmup, frames, &load_ms, enc, dec);
+    gpu = bench_cuda(cfg.mimi, *w, warmup, frames, fp16, &load_ms, enc, dec);
 #else
     throw ppx::Error("--device cuda: this build has no CUDA backend (configure with -DPPX_CUDA=ON)");
 #endif
@@ -245,7 +258,9 @@ int bench(int argc, char** argv) {
   std::vector<double> total(enc.size());
   for (size_t i = 0; i < enc.size(); ++i) total[i] = enc[i] + dec[i];
   nlohmann::ordered_json j;
-  j["bench"] = device == "cuda" ? "mimi_cuda_fp32_graph" : "mimi_cpu_fp32";
+  j["bench"] = device == "cuda" ? (fp16 ? "mimi_cuda_fp16_graph" : "mimi_cuda_fp32_graph") : "mimi_cpu_fp32";
+  j["mimi_fp16"] = fp16;
+  j["mimi_fp16_always"] = fp16_always;
   j["config"] = config;
   j["weights"] = weights.empty() ? "random" : weights;
   j["device"] = device;

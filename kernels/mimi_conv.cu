@@ -68,12 +68,14 @@ __device__ __forceinline__ Src make_src(const ConvParams& p, int b, int slot, fl
 
 __device__ __forceinline__ void store_output(const ConvParams& p, int b, int slot, int o, int n, float acc) {
   float v = p.bias ? __fadd_rn(acc, p.bias[o]) : acc;
+  if (p.ls) v = __fmul_rn(p.ls[o], v);
   if (p.residual.p) {
     const float* r = row(p.residual, b, slot);
     v = __fadd_rn(r[o * p.residual.sc + n * p.residual.st], v);
   }
   if (p.out_raw.p) row(p.out_raw, b, slot)[o * p.out_raw.sc + n * p.out_raw.st] = v;
   if (p.out_elu.p) row(p.out_elu, b, slot)[o * p.out_elu.sc + n * p.out_elu.st] = elu(v);
+  if (p.out_gelu.p) row(p.out_gelu, b, slot)[o * p.out_gelu.sc + n * p.out_gelu.st] = gelu(v);
 }
 
 // New history x'[i, t_in + m], m < ctx, into the other parity; by all threads of one block.
@@ -317,6 +319,121 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
   if (p.done.p) advance_after_last_block(slot_int(p.done, slot), slot_int(p.advance, slot), gridDim.x);
 }
 
+// conv_mma (see mimi_conv.cuh): block tile kMmaM rows x kMmaN columns, reduction chunks of kMmaK;
+// 4 warps in 2 x 2, each 32 x 32 (2 m16 x 4 n8 tiles). Each chunk is loaded into registers while the
+// previous one is multiplied from shared memory: A (weights) with two 16-byte loads per thread, B
+// (x' gathered per column) 16 values per thread, one column per thread.
+constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 32, kMmaLd = kMmaK + 8;  // smem row: 80 bytes
+
+__device__ __forceinline__ float sat_half(float v) { return fminf(fmaxf(v, -65504.f), 65504.f); }
+
+__global__ void __launch_bounds__(128) conv_mma_kernel(ConvParams p, Batch batch) {
+  __shared__ __align__(16) __half As[kMmaM][kMmaLd];
+  __shared__ __align__(16) __half Bs[kMmaN][kMmaLd];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int S = p.stride, taps = p.transposed ? 2 : p.kernel;
+  const int M = p.transposed ? S * p.cout : p.cout;
+  const int kred = p.cin * taps, kpad = (kred + kMmaK - 1) / kMmaK * kMmaK;
+  const int tn = p.transposed ? p.t_in : p.t_in / S;  // columns per batch row
+  const int ncols = batch.count * tn;
+  const int m0 = blockIdx.y * kMmaM, c0 = blockIdx.x * kMmaN;
+
+  // A: this thread's 16 halves of row ar of each chunk (rows past M read row M - 1, unused).
+  const int ar = tid >> 1, ac = (tid & 1) * 16;
+  const uint4* wa = reinterpret_cast<const uint4*>(static_cast<const __half*>(p.w16) +
+                                                   static_cast<size_t>(min(m0 + ar, M - 1)) * kpad + ac);
+  uint4 a_reg[2] = {__ldg(wa), __ldg(wa + 1)};  // weights: before the wait, overlapping the previous kernel
+  pdl_wait();
+
+  // B: column jn of the tile, reduction rows kh * 16 .. + 15 of each chunk.
+  const int jn = tid & 63, kh = tid >> 6;
+  const int col = c0 + jn;
+  const bool cvalid = col < ncols;
+  const int cb = cvalid ? col / tn : 0, cn = cvalid ? col - cb * tn : 0;
+  float* hist_w;
+  const Src src = make_src(p, cb, batch.slots[cb], &hist_w);
+  const int mbase = p.transposed ? cn + 1 : cn * S, mstep = p.transposed ? -1 : 1;
+  float b_reg[16];
+  auto gather = [&](int k0) {
+    int k = k0 + kh * 16, i = k / taps, j = k - i * taps;
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      b_reg[u] = cvalid && k < kred ? src.load(i, mbase + j * mstep) : 0.f;
+      ++k;
+      if (++j == taps) j = 0, ++i;
+    }
+  };
+  gather(0);
+
+  float acc[2][4][4];
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.f;
+  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32, g = lane >> 2, c2 = (lane & 3) * 2;
+  for (int k0 = 0; k0 < kpad; k0 += kMmaK) {
+    *reinterpret_cast<uint4*>(&As[ar][ac]) = a_reg[0];
+    *reinterpret_cast<uint4*>(&As[ar][ac + 8]) = a_reg[1];
+    uint32_t bp[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) bp[u] = pack_half2(sat_half(b_reg[2 * u]), sat_half(b_reg[2 * u + 1]));
+    *reinterpret_cast<uint4*>(&Bs[jn][kh * 16]) = make_uint4(bp[0], bp[1], bp[2], bp[3]);
+    *reinterpret_cast<uint4*>(&Bs[jn][kh * 16 + 8]) = make_uint4(bp[4], bp[5], bp[6], bp[7]);
+    __syncthreads();
+    if (k0 + kMmaK < kpad) {  // the next chunk's loads, in flight during the multiplies
+      wa += kMmaK / 8;
+      a_reg[0] = __ldg(wa);
+      a_reg[1] = __ldg(wa + 1);
+      gather(k0 + kMmaK);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kMmaK; ks += 16) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int r = wm + mt * 16 + g;
+        af[mt][0] = *reinterpret_cast<const uint32_t*>(&As[r][ks + c2]);
+        af[mt][1] = *reinterpret_cast<const uint32_t*>(&As[r + 8][ks + c2]);
+        af[mt][2] = *reinterpret_cast<const uint32_t*>(&As[r][ks + c2 + 8]);
+        af[mt][3] = *reinterpret_cast<const uint32_t*>(&As[r + 8][ks + c2 + 8]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int cidx = wn + nt * 8 + g;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&Bs[cidx][ks + c2]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&Bs[cidx][ks + c2 + 8]);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) mma_m16n8k16(acc[mt][nt], af[mt], b0, b1, __half{});
+      }
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: c[0], c[1] at (row g, columns 2c, 2c + 1), c[2], c[3] at row g + 8.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int mrow = m0 + wm + mt * 16 + g + (q >> 1) * 8;
+        const int c = c0 + wn + nt * 8 + c2 + (q & 1);
+        if (mrow >= M || c >= ncols) continue;
+        const int b = c / tn, n = c - b * tn;
+        const int r = p.transposed ? mrow / p.cout : 0, o = mrow - r * p.cout;
+        store_output(p, b, batch.slots[b], o, p.transposed ? n * S + r : n, acc[mt][nt][q]);
+      }
+  // The new history of each batch row whose first column is in this tile, by the first row tile.
+  if (blockIdx.y == 0) {
+    for (int b = (c0 + tn - 1) / tn; b < batch.count && b * tn < c0 + kMmaN; ++b) {
+      const Src sb = make_src(p, b, batch.slots[b], &hist_w);
+      write_history(p, sb, hist_w, tid, blockDim.x);
+    }
+  }
+}
+
 int gemv_tn(const ConvParams& p) {
   const int nv = p.transposed ? p.t_in : conv_t_out(p);
   for (int tn : {1, 2, 4, 8, 16})
@@ -333,12 +450,7 @@ int gemv_ksplit(const ConvParams& p) {
   return ks;
 }
 
-template <int TN>
-void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
-  const int ks = gemv_ksplit(p), rows = kGemvWarps / ks;
-  const int groups = (p.cout + rows - 1) / rows;
-  // Alone: one block per channel group. Batched: about 4 blocks per SM in all (at least 1 per row),
-  // so each row's x' is staged a few times instead of once per group.
+int device_sms() {
   static const int sms = [] {
     int dev = 0, n = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
@@ -346,6 +458,16 @@ void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
                ? n
                : 132;
   }();
+  return sms;
+}
+
+template <int TN>
+void launch_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
+  const int ks = gemv_ksplit(p), rows = kGemvWarps / ks;
+  const int groups = (p.cout + rows - 1) / rows;
+  // Alone: one block per channel group. Batched: about 4 blocks per SM in all (at least 1 per row),
+  // so each row's x' is staged a few times instead of once per group.
+  const int sms = device_sms();
   const int per_row = batch.count <= 1 ? groups : std::max(1, std::min(groups, 4 * sms / batch.count));
   const dim3 grid(per_row, batch.count);
   launch(conv_gemv_kernel<TN>, grid, dim3(32 * kGemvWarps), conv_gemv_smem_bytes(p), s, p, batch, ks);
@@ -418,6 +540,36 @@ void conv_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s) {
     case 8: launch_gemv<8>(p, batch, s); break;
     default: launch_gemv<16>(p, batch, s); break;
   }
+}
+
+int conv_mma_rows(const ConvParams& p) { return p.transposed ? p.stride * p.cout : p.cout; }
+
+int conv_mma_kpad(const ConvParams& p) {
+  const int kred = p.cin * (p.transposed ? 2 : p.kernel);
+  return (kred + kMmaK - 1) / kMmaK * kMmaK;
+}
+
+bool conv_mma_supported(const ConvParams& p) {
+  if (p.done.p != nullptr || p.kernel < 1 || p.stride < 1) return false;
+  if (p.transposed && p.kernel != 2 * p.stride) return false;
+  return reinterpret_cast<uintptr_t>(p.w16) % 16 == 0;
+}
+
+namespace {
+dim3 mma_grid(const ConvParams& p, int rows) {
+  const int tn = p.transposed ? p.t_in : p.t_in / p.stride;
+  return dim3((rows * tn + kMmaN - 1) / kMmaN, (conv_mma_rows(p) + kMmaM - 1) / kMmaM);
+}
+}  // namespace
+
+bool conv_mma_fills_device(const ConvParams& p, int rows) {
+  const dim3 g = mma_grid(p, rows);
+  return static_cast<long long>(g.x) * g.y >= device_sms();
+}
+
+void conv_mma(const ConvParams& p, const Batch& batch, cudaStream_t s) {
+  const dim3 grid = mma_grid(p, batch.count);
+  launch(conv_mma_kernel, grid, dim3(128), 0, s, p, batch);
 }
 
 }  // namespace ppx::kern::mimi

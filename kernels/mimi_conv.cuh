@@ -11,7 +11,8 @@
 // Transposed conv: y[o, n*S + r] = b[o] + sum_i W[i, o, r] x[i, n] + W[i, o, r+S] x[i, n-1]
 //                  (kernel == 2 * stride; x[i, -1] is the history). This equals the upstream
 //                  "emit S*T, carry the K-S tail" overlap-add, with the tail kept as its input.
-// Epilogue: v = y (+ residual[o, n]); out_raw = v and out_elu = elu(v), each optional.
+// Epilogue: v = y (+ residual[o, n]); out_raw = v and out_elu = elu(v), each optional (conv_mma
+// also: v = ls[o] * y before the residual, out_gelu = gelu(v)).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +41,12 @@ struct ConvParams {
   long long hist_stride = 0;  // floats
   SlotInt done;        // optional: scratch counter (0 between launches) for...
   SlotInt advance;     // ...incrementing advance[slot] once the slot's last block is done
+  // conv_mma only: fp16 weights [conv_mma_rows()][conv_mma_kpad()] (see conv_mma below).
+  const void* w16 = nullptr;
+  // conv_mma only, for the transformer's linears run as k = 1 convs over their tokens: v is scaled
+  // by ls[o] (LayerScale) before the residual is added; out_gelu = gelu(v) (exact erf).
+  const float* ls = nullptr;
+  Act out_gelu;
 };
 
 PPX_MIMI_HD inline int conv_ctx(const ConvParams& p) { return p.transposed ? 1 : p.kernel - p.stride; }
@@ -57,6 +64,23 @@ size_t conv_gemv_smem_bytes(const ConvParams& p);
 // Raises the dynamic shared-memory limit of the GEMV kernels to `bytes` (call once, before capture).
 cudaError_t conv_gemv_reserve_smem(size_t bytes);
 void conv_gemv(const ConvParams& p, const Batch& batch, cudaStream_t s);
+
+// fp16 tensor cores (--mimi-fp16): the conv as a GEMM, mma.sync m16n8k16 with fp16 operands and
+// fp32 accumulators. Rows are output channels (a transposed conv's row r * cout + o computes its
+// outputs n * S + r), columns are the output positions of every batch row in turn (a transposed
+// conv's: its input positions), the reduction is (input channel, tap) = i * taps + j, taps = kernel
+// (conv: x' column n * S + j) or 2 (transposed: x' column n + 1 - j). The weights are w16, fp16
+// [rows][kpad], zero past cin * taps; inputs are rounded to fp16 (saturating at +-65504) as they are
+// staged. A row's result does not depend on the batch or on where its columns fall in the grid.
+// Any shape but the one with `done` (the frame-advancing last conv).
+int conv_mma_rows(const ConvParams& p);
+int conv_mma_kpad(const ConvParams& p);
+bool conv_mma_supported(const ConvParams& p);
+// Whether conv_mma of `rows` batch rows has at least one tile per SM. Below that its few blocks
+// each run the whole reduction and it is slower than conv_direct (batch 1 on an H200: encode
+// 0.79 ms against 0.44), so CudaMimi runs such launches in fp32.
+bool conv_mma_fills_device(const ConvParams& p, int rows);
+void conv_mma(const ConvParams& p, const Batch& batch, cudaStream_t s);
 
 // Programmatic dependent launch (PDL) of the Mimi kernels: every launch of conv_*, linear,
 // attention and rvq_* uses it where the device supports it (compute capability 9.0+; a kernel's

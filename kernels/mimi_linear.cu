@@ -34,22 +34,14 @@ __device__ __forceinline__ void block_sum_tokens(const double* part, double* out
   __syncthreads();
 }
 
-// grid (ceil(dout / kWarps), B), block kThreads. NV = din / 128: float4 loads per lane per row.
+// Row b's input [TT][din] into dst (float4 tid + k * kThreads of the block's threads), LayerNorm'd
+// when p.ln_w (two-pass mean and variance per token in double, reduced over the block for all
+// tokens at once), else copied. red: [TT][kWarps] shared.
 template <int TT, int NV>
-__global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch batch) {
+__device__ __forceinline__ void stage_input(const LinearParams& p, int b, int slot, float4* dst,
+                                            double (*red)[kWarps]) {
   constexpr int din = NV * 128, row4 = din / 4, total4 = TT * row4, per = (total4 + kThreads - 1) / kThreads;
-  __shared__ __align__(16) float4 xs[total4];  // normalised input [TT][din]
-  __shared__ double red[TT][kWarps];
-  const int b = blockIdx.y, slot = batch.slots[b];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int o = blockIdx.x * kWarps + warp;
-
-  float4 w[NV];
-  const float4* w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(o < p.dout ? o : 0) * row4 + lane;
-#pragma unroll
-  for (int v = 0; v < NV; ++v) w[v] = o < p.dout ? __ldg(w4 + 32 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
-  pdl_wait();
-
   // Input [TT][din], token-major and contiguous: element k of this thread is float4 tid + k*kThreads.
   const float4* x4 = reinterpret_cast<const float4*>(row(p.x, b, slot));
   float4 v[per];
@@ -59,7 +51,6 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch 
     v[k] = idx < total4 ? x4[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   if (p.ln_w) {
-    // Two-pass mean / variance per token in double, reduced over the block for all tokens at once.
     double mean[TT], rstd[TT], part[TT];
 #pragma unroll
     for (int t = 0; t < TT; ++t) part[t] = 0.0;
@@ -106,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch 
         auto nrm = [&](float x, float gg, float bb) {
           return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x, m), inv), gg), bb);
         };
-        xs[idx] = make_float4(nrm(v[k].x, gw.x, gb.x), nrm(v[k].y, gw.y, gb.y), nrm(v[k].z, gw.z, gb.z),
+        dst[idx] = make_float4(nrm(v[k].x, gw.x, gb.x), nrm(v[k].y, gw.y, gb.y), nrm(v[k].z, gw.z, gb.z),
                               nrm(v[k].w, gw.w, gb.w));
       }
     }
@@ -114,9 +105,27 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch 
 #pragma unroll
     for (int k = 0; k < per; ++k) {
       const int idx = tid + k * kThreads;
-      if (idx < total4) xs[idx] = v[k];
+      if (idx < total4) dst[idx] = v[k];
     }
   }
+}
+
+// grid (ceil(dout / kWarps), B), block kThreads. NV = din / 128: float4 loads per lane per row.
+template <int TT, int NV>
+__global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch batch) {
+  constexpr int din = NV * 128, row4 = din / 4, total4 = TT * row4;
+  __shared__ __align__(16) float4 xs[total4];  // normalised input [TT][din]
+  __shared__ double red[TT][kWarps];
+  const int b = blockIdx.y, slot = batch.slots[b];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int o = blockIdx.x * kWarps + warp;
+
+  float4 w[NV];
+  const float4* w4 = reinterpret_cast<const float4*>(p.w) + static_cast<size_t>(o < p.dout ? o : 0) * row4 + lane;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) w[v] = o < p.dout ? __ldg(w4 + 32 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
+  pdl_wait();
+  stage_input<TT, NV>(p, b, slot, xs, red);
   __syncthreads();
   if (o >= p.dout) return;  // no block-wide barrier below
 
@@ -151,10 +160,24 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p, Batch 
   }
 }
 
+// grid (B), block kThreads: row b's LayerNorm'd input into `out` (token-major, contiguous).
+template <int TT, int NV>
+__global__ void __launch_bounds__(kThreads) layer_norm_kernel(LinearParams p, Act out, Batch batch) {
+  __shared__ double red[TT][kWarps];
+  const int b = blockIdx.x, slot = batch.slots[b];
+  pdl_wait();
+  stage_input<TT, NV>(p, b, slot, reinterpret_cast<float4*>(row(out, b, slot)), red);
+}
+
 template <int TT, int NV>
 void launch_linear(const LinearParams& p, const Batch& batch, cudaStream_t s) {
   const dim3 grid((p.dout + kWarps - 1) / kWarps, batch.count);
   launch(linear_kernel<TT, NV>, grid, dim3(kThreads), 0, s, p, batch);
+}
+
+template <int TT, int NV>
+void launch_norm(const LinearParams& p, const Act& out, const Batch& batch, cudaStream_t s) {
+  launch(layer_norm_kernel<TT, NV>, dim3(batch.count), dim3(kThreads), 0, s, p, out, batch);
 }
 
 template <int TT>
@@ -165,6 +188,17 @@ void launch_tt(const LinearParams& p, const Batch& batch, cudaStream_t s) {
     case 4: launch_linear<TT, 4>(p, batch, s); break;
     case 8: launch_linear<TT, 8>(p, batch, s); break;
     default: launch_linear<TT, 16>(p, batch, s); break;
+  }
+}
+
+template <int TT>
+void launch_norm_tt(const LinearParams& p, const Act& out, const Batch& batch, cudaStream_t s) {
+  switch (p.din / 128) {
+    case 1: launch_norm<TT, 1>(p, out, batch, s); break;
+    case 2: launch_norm<TT, 2>(p, out, batch, s); break;
+    case 4: launch_norm<TT, 4>(p, out, batch, s); break;
+    case 8: launch_norm<TT, 8>(p, out, batch, s); break;
+    default: launch_norm<TT, 16>(p, out, batch, s); break;
   }
 }
 
@@ -180,6 +214,14 @@ void linear(const LinearParams& p, const Batch& batch, cudaStream_t s) {
     launch_tt<1>(p, batch, s);
   } else {
     launch_tt<2>(p, batch, s);
+  }
+}
+
+void layer_norm(const LinearParams& p, const Act& out, const Batch& batch, cudaStream_t s) {
+  if (p.tokens == 1) {
+    launch_norm_tt<1>(p, out, batch, s);
+  } else {
+    launch_norm_tt<2>(p, out, batch, s);
   }
 }
 

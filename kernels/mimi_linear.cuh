@@ -32,5 +32,9 @@ bool linear_supported(int din, int tokens);
 // Warp per output row (4 per block of 128 threads); the row is loaded into registers with float4
 // loads before the (optional) LayerNorm of the input, so the weight stream overlaps the norm.
 void linear(const LinearParams& p, const Batch& batch, cudaStream_t s);
+// The input of `linear` alone, LayerNorm'd when p.ln_w (exactly as linear normalises it), written
+// to `out` (token-major [tokens][din], contiguous, 16-byte aligned): the prologue of a linear that
+// runs as conv_mma (--mimi-fp16). One block per batch row.
+void layer_norm(const LinearParams& p, const Act& out, const Batch& batch, cudaStream_t s);
 
 }  // namespace ppx::kern::mimi

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_mimi.h"
 #include "backend/cuda/cuda_util.h"
 #include "codec_test_util.h"
+#include "ppx/audio.h"
 #include "ppx/backend.h"
 #include "ppx/config.h"
 #include "ppx/mimi.h"
@@ -371,6 +372,99 @@ TEST(CudaMimiFullSize, BatchedEqualsPerSlot) {
   EXPECT_NE(codes_alone[0], codes_alone[1]);
   EXPECT_THROW(m.encode_batch(ids.get(), kSlots + 1, pin.get(), cout.get(), r.s), Error);
   EXPECT_THROW(m.decode_batch(nullptr, 1, cin.get(), pout.get(), r.s), Error);
+}
+
+// --mimi-fp16 (CudaMimi fp16: the long and transposed convs on tensor cores, fp16 operands) against
+// the fp32 CUDA Mimi, full size with random weights, on 98 frames of speech (tests/data/speech_16k.wav
+// at 24 kHz, loudness-normalised as a voice prompt) and on the synthetic signal: the encoder keeps
+// at least 98% of the codes and the decoder's audio stays within 1e-2 relative L2 (issue #13's
+// bars). Batched rows equal rows alone, as in fp32. The figures go to stdout for docs/QUALITY.md.
+TEST(CudaMimiFullSize, Fp16KeepsTheCodesAndTheAudio) {
+  PPX_REQUIRE_GPU();
+  FullSize& F = full();
+  RandomWeights w(20261202);
+  cuda::CudaMimi h(F.cfg.mimi, w, 3, true, /*fp16=*/true);
+  ASSERT_TRUE(h.fp16());
+  h.set_mma_always(true);  // one or two rows would otherwise run the fp32 kernels
+  ASSERT_FALSE(F.gpu->fp16());
+  EXPECT_LT(h.weight_bytes(), F.gpu->weight_bytes() * 2);
+  const std::vector<float> speech = prepare_voice_audio(test::data("speech_16k.wav"));
+  const int frames = static_cast<int>(speech.size()) / F.fs;
+  ASSERT_GE(frames, 90);
+  struct Result {
+    std::vector<int32_t> codes;
+    std::vector<float> pcm;  // decode of the fp32 codes
+  };
+  // Encode every frame, then decode the fp32 encoder's codes (`ref`, or this run's own when null).
+  auto run = [&](cuda::CudaMimi& m, int slot, const std::vector<float>& x, int n, const Result* ref) {
+    Runner r(m);
+    m.reset_encoder(slot, r.s);
+    m.reset_decoder(slot, r.s);
+    Result out;
+    for (int f = 0; f < n; ++f) {
+      const auto c = r.encode(slot, x.data() + static_cast<size_t>(f) * F.fs);
+      out.codes.insert(out.codes.end(), c.begin(), c.end());
+    }
+    const std::vector<int32_t>& dc = ref ? ref->codes : out.codes;
+    for (int f = 0; f < n; ++f) {
+      const auto y = r.decode(slot, dc.data() + static_cast<size_t>(f) * F.nq);
+      out.pcm.insert(out.pcm.end(), y.begin(), y.end());
+    }
+    return out;
+  };
+  const std::vector<float> tones = signal(frames * F.fs, 5);
+  for (const auto& [name, x] : {std::pair<const char*, const std::vector<float>*>{"speech", &speech},
+                                {"tones", &tones}}) {
+    const Result ref = run(*F.gpu, 0, *x, frames, nullptr);
+    const Result got = run(h, 0, *x, frames, &ref);
+    const double agree = agreement(got.codes, ref.codes), err = rel_l2(got.pcm, ref.pcm);
+    std::vector<double> per_book(F.nq, 0.0);
+    for (size_t i = 0; i < ref.codes.size(); ++i) per_book[i % F.nq] += got.codes[i] == ref.codes[i];
+    std::printf("mimi fp16 vs fp32 (%s, %d frames): codes agree %.4f, decode rel L2 %.2e; per codebook:", name,
+                frames, agree, err);
+    for (double v : per_book) std::printf(" %.3f", v / frames);
+    std::printf("\n");
+    EXPECT_GE(agree, 0.98) << name;
+    EXPECT_LE(err, 1e-2) << name;
+    for (float v : got.pcm) ASSERT_TRUE(std::isfinite(v)) << name;
+  }
+  // Batch invariance: rows 1 and 2 together give what each gives alone.
+  const Result alone1 = run(h, 1, speech, 12, nullptr), alone2 = run(h, 2, tones, 12, nullptr);
+  Runner r(h);
+  for (int i : {1, 2}) {
+    h.reset_encoder(i, r.s);
+    h.reset_decoder(i, r.s);
+  }
+  const int rows[2] = {2, 1};
+  cuda::DeviceBuffer<int> ids(2);
+  ids.upload(rows, 2, r.s);
+  cuda::DeviceBuffer<float> pin(2 * static_cast<size_t>(F.fs)), pout(2 * static_cast<size_t>(F.fs));
+  cuda::DeviceBuffer<int32_t> cbuf(2 * static_cast<size_t>(F.nq)), dbuf(2 * static_cast<size_t>(F.nq));
+  std::vector<int32_t> codes1, codes2;
+  std::vector<float> pcm1, pcm2;
+  for (int f = 0; f < 12; ++f) {
+    std::vector<float> x(2 * static_cast<size_t>(F.fs));
+    std::copy_n(tones.data() + static_cast<size_t>(f) * F.fs, F.fs, x.data());
+    std::copy_n(speech.data() + static_cast<size_t>(f) * F.fs, F.fs, x.data() + F.fs);
+    pin.upload(x.data(), x.size(), r.s);
+    h.encode_batch(ids.get(), 2, pin.get(), cbuf.get(), r.s);
+    // Decode each row's own codes (as `run` with no reference does).
+    PPX_CUDA_CHECK(cudaMemcpyAsync(dbuf.get(), cbuf.get(), 2 * F.nq * 4, cudaMemcpyDeviceToDevice, r.s));
+    h.decode_batch(ids.get(), 2, dbuf.get(), pout.get(), r.s);
+    std::vector<int32_t> c(2 * static_cast<size_t>(F.nq));
+    std::vector<float> y(2 * static_cast<size_t>(F.fs));
+    PPX_CUDA_CHECK(cudaMemcpyAsync(c.data(), cbuf.get(), c.size() * 4, cudaMemcpyDeviceToHost, r.s));
+    PPX_CUDA_CHECK(cudaMemcpyAsync(y.data(), pout.get(), y.size() * 4, cudaMemcpyDeviceToHost, r.s));
+    PPX_CUDA_CHECK(cudaStreamSynchronize(r.s));
+    codes2.insert(codes2.end(), c.begin(), c.begin() + F.nq);
+    codes1.insert(codes1.end(), c.begin() + F.nq, c.end());
+    pcm2.insert(pcm2.end(), y.begin(), y.begin() + F.fs);
+    pcm1.insert(pcm1.end(), y.begin() + F.fs, y.end());
+  }
+  EXPECT_EQ(codes1, alone1.codes);
+  EXPECT_EQ(codes2, alone2.codes);
+  EXPECT_EQ(pcm1, alone1.pcm);
+  EXPECT_EQ(pcm2, alone2.pcm);
 }
 
 // The CUDA backend's codec batch (graphs per batch size) through the codec scheduler, sessions

@@ -68,6 +68,9 @@ struct CudaOptions {
   // Programmatic dependent launch for the Mimi kernels where the device supports it (compute
   // capability 9.0+; measured faster, docs/PERF.md v0.2). --no-mimi-pdl turns it off.
   bool mimi_pdl = true;
+  // --mimi-fp16: Mimi's long and transposed convolutions on tensor cores with fp16 weights and
+  // inputs, fp32 sums (cuda::CudaMimi's fp16; accuracy in docs/QUALITY.md).
+  bool mimi_fp16 = false;
   // --device cuda:N: the device index among the visible ones (CUDA_VISIBLE_DEVICES), made current
   // by make_cuda_backend on its calling thread and by ModelBackend::attach_thread on others.
   int device = 0;

@@ -45,7 +45,7 @@ void ModelFlags::add_to(CLI::App& app) {
           },
           "cpu|cuda|cuda:N"));
   app.add_flag("--fast", fast,
-               "the speed flags together: --w8a16 --dep-q-exit 8 --skip-other-mimi");
+               "the speed flags together: --w8a16 --dep-q-exit 8 --skip-other-mimi --mimi-fp16");
   app.add_flag(
       "--w8a16", w8a16,
       "CUDA: every linear layer of the LM with 8-bit weights (--w8-format) and per-row scales, "
@@ -69,6 +69,9 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--kv-fp8", kv_fp8,
                "CUDA: keep the temporal transformer's keys and values in fp8 (e4m3, one scale per "
                "position and head): half the KV memory and attention bytes (docs/QUALITY.md)");
+  app.add_flag("--mimi-fp16", mimi_fp16,
+               "CUDA: Mimi's long and transposed convolutions on tensor cores with fp16 weights and "
+               "inputs, fp32 sums (docs/QUALITY.md)");
   app.add_flag("--no-mimi-pdl", no_mimi_pdl,
                "CUDA: launch the Mimi kernels without programmatic dependent launch (on by default "
                "where the GPU supports it; for measurements)");
@@ -101,6 +104,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.fast) {
     f.w8a16 = true;
     f.skip_other_mimi = true;
+    f.mimi_fp16 = true;
     if (f.dep_q_exit == -1) f.dep_q_exit = lm.n_q / 2;
   }
   const std::string via = f.fast ? " (from --fast)" : "";
@@ -118,6 +122,8 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16 && f.device != "cuda")
     throw Error("--w8a16" + via + " needs --device cuda: the 8-bit weight kernels are CUDA only");
   if (f.no_mimi_pdl && f.device != "cuda") throw Error("--no-mimi-pdl needs --device cuda");
+  if (f.mimi_fp16 && f.device != "cuda")
+    throw Error("--mimi-fp16" + via + " needs --device cuda: the fp16 Mimi kernels are CUDA only");
   if (f.kv_fp8 && f.device != "cuda") throw Error("--kv-fp8 needs --device cuda: the fp8 KV cache is CUDA only");
   if (f.w8_format_given && !f.w8a16)
     throw Error("--w8-format " + f.w8_format + " needs --w8a16 (or --fast): it picks the 8-bit weight type");
@@ -132,6 +138,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   if (f.w8a16) flags += " --w8-format " + f.w8_format;
   if (f.dep_q_exit != -1) flags += " --dep-q-exit " + std::to_string(f.dep_q_exit);
   if (f.skip_other_mimi) flags += " --skip-other-mimi";
+  if (f.mimi_fp16) flags += " --mimi-fp16";
   if (f.kv_fp8) flags += " --kv-fp8";
   if (f.no_mimi_pdl) flags += " --no-mimi-pdl";
   m.speed_flags = flags.empty() ? "" : flags.substr(1);
@@ -191,6 +198,7 @@ LoadedModel load_model(const ModelFlags& f_in) {
     cuda.kv_fp8 = f.kv_fp8;
     cuda.prompt_cache_bytes = f.prompt_cache_bytes;
     cuda.mimi_pdl = !f.no_mimi_pdl;
+    cuda.mimi_fp16 = f.mimi_fp16;
     cuda.device = f.cuda_device;
     m.device_index = f.cuda_device;
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,

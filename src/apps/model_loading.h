@@ -32,6 +32,7 @@ struct ModelFlags {
   std::string w8_format = "int8";  // --w8-format: the 8-bit weight type of --w8a16 (int8 or fp8)
   bool w8_format_given = false;    // --w8-format was on the command line (it needs --w8a16)
   bool kv_fp8 = false;       // --kv-fp8 (CUDA): the temporal KV cache in fp8 with per-head scales
+  bool mimi_fp16 = false;  // --mimi-fp16 (CUDA): CudaOptions::mimi_fp16
   bool no_mimi_pdl = false;  // --no-mimi-pdl (CUDA): CudaOptions::mimi_pdl off, for measurements
   size_t prompt_cache_bytes = 0;  // the server's prompt cache store (CudaOptions::prompt_cache_bytes)
   // Where load_model's remarks go (the synthetic tokenizer); default: a line on stderr. The server

@@ -260,7 +260,7 @@ class CudaBackend : public ModelBackend {
                      : std::make_unique<cuda::CudaLm>(*cfg.lm, seed, lm_options(opt))),
         capacity_(lm_ ? std::optional<Capacity>(measure_capacity(cfg, *lm_, opt)) : std::nullopt),
         slots_(slots > 0 ? slots : capacity_ ? capacity_->sessions : 1),
-        mimi_(cfg.mimi, mw, slots_, opt.mimi_pdl),
+        mimi_(cfg.mimi, mw, slots_, opt.mimi_pdl, opt.mimi_fp16),
         bins_(cfg.mimi.quantizer.bins),
         device_index_(opt.device),
         device_("cuda: " + cuda::device_description()) {}

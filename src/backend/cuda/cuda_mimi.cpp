@@ -8,6 +8,8 @@
 // it, so stale history, carries and ring contents are never read.
 #include "backend/cuda/cuda_mimi.h"
 
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -48,6 +50,7 @@ struct Buf {
 struct Conv {
   km::ConvParams p;
   bool gemv = false;
+  bool mma = false;  // --mimi-fp16: conv_mma with p.w16
   Buf x, residual, raw, elu;
   long long hist_off = 0;
 };
@@ -55,6 +58,8 @@ struct Conv {
 struct TrLayer {
   const float *in_proj, *out_proj, *norm1_w, *norm1_b, *norm2_w, *norm2_b, *linear1, *linear2, *ls1, *ls2;
   long long k_off, v_off;  // state arena: [capacity][d_model] each
+  // --mimi-fp16: the fp16 weights of in_proj, out_proj, linear1, linear2 (conv_mma's layout).
+  const void* w16[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
 struct Direction {
@@ -63,6 +68,7 @@ struct Direction {
   std::vector<Conv> convs;
   std::vector<TrLayer> layers;
   Buf x, qkv, att, ff;  // transformer activations, token-major
+  Buf xn;               // --mimi-fp16: the LayerNorm'd x of a linear run as conv_mma
   km::SlotInt frame;
 };
 
@@ -72,9 +78,12 @@ struct CudaMimi::Impl {
   MimiConfig c;
   int slots = 0;
   bool pdl = true;
+  bool fp16 = false;
+  bool mma_always = false;  // set_mma_always
   int tokens = 0;  // 25 Hz latents per frame (encoder_stride)
   std::vector<DeviceBuffer<float>> weights;
-  size_t weight_floats = 0;
+  std::vector<DeviceBuffer<__half>> weights16;
+  size_t weight_floats = 0, weight_halves = 0;
   DeviceBuffer<int> slot_ids;
   DeviceBuffer<int> ints;  // per slot [ints_stride]: enc frame, dec frame, dec done, -, rvq done[ncb], codes[ncb]
   int ints_stride = 0;
@@ -86,6 +95,19 @@ struct CudaMimi::Impl {
   long long zprev_off = 0;  // decoder state: upsampler's previous latent [D]
   const float *proj = nullptr, *books = nullptr, *norms = nullptr, *out_first = nullptr, *out_rest = nullptr,
               *up_w = nullptr;
+
+  // fp16 [rows][kpad] of row-major fp32 [rows][k] (kpad >= k, zero-filled), for conv_mma.
+  const void* upload16(const std::vector<float>& v, int rows, int k, int kpad) {
+    std::vector<__half> h(static_cast<size_t>(rows) * kpad, __float2half_rn(0.f));
+    for (int r = 0; r < rows; ++r)
+      for (int q = 0; q < k; ++q)
+        h[static_cast<size_t>(r) * kpad + q] =
+            __float2half_rn(std::clamp(v[static_cast<size_t>(r) * k + q], -65504.f, 65504.f));
+    weights16.emplace_back(h.size());
+    PPX_CUDA_CHECK(cudaMemcpy(weights16.back().get(), h.data(), h.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    weight_halves += h.size();
+    return weights16.back().get();
+  }
 
   const float* upload(const std::vector<float>& v) {
     weights.emplace_back(v.size());
@@ -131,6 +153,21 @@ struct CudaMimi::Impl {
           dev[dst] = at(o, i, j);
         }
     p.w = upload(dev);
+    // --mimi-fp16: the long convs (and the transposed ones) also as conv_mma's fp16 [rows][kpad]
+    // (the frame-advancing last conv, with one output channel, stays fp32; see finalize).
+    if (fp16 && !cv.gemv && cout >= 16) {
+      const int taps = transposed ? 2 : k, kred = cin * taps, rows = km::conv_mma_rows(p);
+      std::vector<float> g(static_cast<size_t>(rows) * kred);
+      for (int row = 0; row < rows; ++row) {
+        const int r = transposed ? row / cout : 0, o = row - r * cout;
+        for (int q = 0; q < kred; ++q) {
+          const int i = q / taps, j = q - i * taps;
+          g[static_cast<size_t>(row) * kred + q] = at(o, i, transposed ? r + j * s : j);
+        }
+      }
+      p.w16 = upload16(g, rows, kred, km::conv_mma_kpad(p));
+      cv.mma = true;
+    }
     if (bias) p.bias = upload(w.load(key + ".bias", {cout}));
     if (cv.gemv && !km::conv_gemv_supported(p)) throw Error("mimi conv '" + key + "': unsupported GEMV shape");
     cv.x = x;
@@ -147,6 +184,8 @@ struct CudaMimi::Impl {
   void finalize(Direction& d);
   void run_convs(const Direction& d, const km::Batch& bt, const float* user_in, float* user_out, cudaStream_t s) const;
   void run_transformer(const Direction& d, const km::Batch& bt, cudaStream_t s) const;
+  void run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, bool mma, const km::Batch& bt,
+                  cudaStream_t s) const;
   void encode(const km::Batch& bt, const float* d_pcm, int32_t* d_codes, cudaStream_t s) const;
   void decode(const km::Batch& bt, const int32_t* d_codes, float* d_pcm, cudaStream_t s) const;
 };
@@ -241,14 +280,24 @@ void CudaMimi::Impl::build_transformer(Direction& d, WeightSource& w, const std:
   for (int i = 0; i < tc.num_layers; ++i) {
     const std::string k = prefix + "layers." + std::to_string(i) + ".";
     TrLayer l{};
-    l.in_proj = upload(w.load(k + "self_attn.in_proj_weight", {3 * D, D}));
-    l.out_proj = upload(w.load(k + "self_attn.out_proj.weight", {D, D}));
+    const std::vector<float> in_proj = w.load(k + "self_attn.in_proj_weight", {3 * D, D});
+    const std::vector<float> out_proj = w.load(k + "self_attn.out_proj.weight", {D, D});
+    l.in_proj = upload(in_proj);
+    l.out_proj = upload(out_proj);
     l.norm1_w = upload(w.load(k + "norm1.weight", {D}));
     l.norm1_b = upload(w.load(k + "norm1.bias", {D}));
     l.norm2_w = upload(w.load(k + "norm2.weight", {D}));
     l.norm2_b = upload(w.load(k + "norm2.bias", {D}));
-    l.linear1 = upload(w.load(k + "linear1.weight", {F, D}));
-    l.linear2 = upload(w.load(k + "linear2.weight", {D, F}));
+    const std::vector<float> linear1 = w.load(k + "linear1.weight", {F, D});
+    const std::vector<float> linear2 = w.load(k + "linear2.weight", {D, F});
+    l.linear1 = upload(linear1);
+    l.linear2 = upload(linear2);
+    if (fp16) {  // din is a multiple of 128 (linear_supported), so kpad = din
+      l.w16[0] = upload16(in_proj, 3 * D, D, D);
+      l.w16[1] = upload16(out_proj, D, D, D);
+      l.w16[2] = upload16(linear1, F, D, D);
+      l.w16[3] = upload16(linear2, D, F, F);
+    }
     l.ls1 = upload(w.load(k + "layer_scale_1.scale", {D}));
     l.ls2 = upload(w.load(k + "layer_scale_2.scale", {D}));
     l.k_off = d.state_layout.take(static_cast<size_t>(tc.context) * D);
@@ -258,6 +307,7 @@ void CudaMimi::Impl::build_transformer(Direction& d, WeightSource& w, const std:
   d.qkv = buf(d, 3 * D, tokens, true);
   d.att = buf(d, D, tokens, true);
   d.ff = buf(d, F, tokens, true);
+  if (fp16) d.xn = buf(d, D, tokens, true);
 }
 
 void CudaMimi::Impl::build_quantizer(WeightSource& w) {
@@ -311,11 +361,13 @@ void CudaMimi::Impl::finalize(Direction& d) {
   }
 }
 
-CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl) : p_(std::make_unique<Impl>()) {
+CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl, bool fp16)
+    : p_(std::make_unique<Impl>()) {
   Impl& m = *p_;
   m.c = c;
   m.slots = slots;
   m.pdl = pdl;
+  m.fp16 = fp16;
   m.tokens = c.encoder_stride();
   if (slots < 1) throw Error("CudaMimi: slots must be >= 1");
   const MimiTransformerConfig& tc = c.transformer;
@@ -381,6 +433,9 @@ CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl) : 
   km::ConvParams& lp = m.dec.convs.back().p;
   lp.done = km::SlotInt{m.ints.get() + 2, m.ints_stride};
   lp.advance = m.dec.frame;
+  for (Direction* d : {&m.enc, &m.dec})
+    for (Conv& cv : d->convs) cv.mma = cv.mma && km::conv_mma_supported(cv.p);
+  m.down.mma = m.down.mma && km::conv_mma_supported(m.down.p);
 
   size_t smem = 0;
   for (const Direction* d : {&m.enc, &m.dec})
@@ -402,7 +457,11 @@ CudaMimi::~CudaMimi() = default;
 int CudaMimi::frame_samples() const { return p_->c.frame_samples(); }
 int CudaMimi::num_codebooks() const { return p_->c.num_codebooks; }
 int CudaMimi::slots() const { return p_->slots; }
-size_t CudaMimi::weight_bytes() const { return p_->weight_floats * sizeof(float); }
+size_t CudaMimi::weight_bytes() const {
+  return p_->weight_floats * sizeof(float) + p_->weight_halves * sizeof(__half);
+}
+bool CudaMimi::fp16() const { return p_->fp16; }
+void CudaMimi::set_mma_always(bool on) { p_->mma_always = on; }
 
 namespace {
 void check_slot(int slot, int slots) {
@@ -430,12 +489,51 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
       p.x = km::Act{const_cast<float*>(user_in), cv.x.t, 0, cv.x.t, 1};
     }
     if (cv.raw.off == -2) p.out_raw = km::Act{user_out, cv.raw.t, 0, cv.raw.t, 1};
-    if (cv.gemv) {
+    if (cv.mma && (mma_always || km::conv_mma_fills_device(p, bt.count))) {
+      km::conv_mma(p, bt, s);
+    } else if (cv.gemv) {
       km::conv_gemv(p, bt, s);
     } else {
       km::conv_direct(p, bt, s);
     }
   }
+}
+
+// The transformer's linears run as conv_mma (--mimi-fp16) from this many batch rows (or always with
+// set_mma_always); fewer rows run the fp32 GEMV, whose latency at a row or two is lower.
+constexpr int kLinearMmaRows = 16;
+
+// One transformer linear: the fp32 GEMV, or (mma) its LayerNorm alone into d.xn and then the
+// product as a k = 1 conv over the tokens on tensor cores, with the same epilogue.
+void CudaMimi::Impl::run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, bool mma,
+                                const km::Batch& bt, cudaStream_t s) const {
+  if (!mma) {
+    km::linear(lp, bt, s);
+    return;
+  }
+  km::ConvParams p;
+  p.x = lp.x;
+  if (lp.ln_w) {
+    p.x = act_of(d.xn, d.acts.get(), d.act_layout.floats);
+    km::layer_norm(lp, p.x, bt, s);
+  }
+  p.w16 = w16;
+  p.cin = lp.din;
+  p.cout = lp.dout;
+  p.kernel = 1;
+  p.stride = 1;
+  p.t_in = lp.tokens;
+  p.frame = d.frame;
+  if (lp.epilogue == km::kLinearGelu) {
+    p.out_gelu = lp.y;
+  } else {
+    p.out_raw = lp.y;
+    if (lp.epilogue == km::kLinearScaledResidual) {
+      p.ls = lp.ls;
+      p.residual = lp.y;
+    }
+  }
+  km::conv_mma(p, bt, s);
 }
 
 void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cudaStream_t s) const {
@@ -459,12 +557,13 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
   ap.tokens = tokens;
   ap.scale = 1.f / std::sqrt(static_cast<float>(D / tc.num_heads));
   ap.frame = d.frame;
+  const bool mma = fp16 && (mma_always || bt.count >= kLinearMmaRows);
   for (const TrLayer& l : d.layers) {
     km::LinearParams lp;
     lp.tokens = tokens;
     lp.w = l.in_proj, lp.din = D, lp.dout = 3 * D, lp.ln_w = l.norm1_w, lp.ln_b = l.norm1_b;
     lp.epilogue = km::kLinearStore, lp.x = x, lp.y = qkv;
-    km::linear(lp, bt, s);
+    run_linear(d, lp, l.w16[0], mma, bt, s);
     ap.k_cache = d.state.get() + l.k_off;
     ap.v_cache = d.state.get() + l.v_off;
     km::attention(ap, bt, s);
@@ -472,13 +571,13 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
     lp.tokens = tokens;
     lp.w = l.out_proj, lp.din = D, lp.dout = D, lp.epilogue = km::kLinearScaledResidual, lp.ls = l.ls1;
     lp.x = att, lp.y = x;
-    km::linear(lp, bt, s);
+    run_linear(d, lp, l.w16[1], mma, bt, s);
     lp.w = l.linear1, lp.din = D, lp.dout = F, lp.ln_w = l.norm2_w, lp.ln_b = l.norm2_b;
     lp.epilogue = km::kLinearGelu, lp.ls = nullptr, lp.x = x, lp.y = ff;
-    km::linear(lp, bt, s);
+    run_linear(d, lp, l.w16[2], mma, bt, s);
     lp.w = l.linear2, lp.din = F, lp.dout = D, lp.ln_w = nullptr, lp.ln_b = nullptr;
     lp.epilogue = km::kLinearScaledResidual, lp.ls = l.ls2, lp.x = ff, lp.y = x;
-    km::linear(lp, bt, s);
+    run_linear(d, lp, l.w16[3], mma, bt, s);
   }
 }
 
@@ -486,7 +585,9 @@ void CudaMimi::Impl::encode(const km::Batch& bt, const float* d_pcm, int32_t* d_
   const km::PdlScope scope(pdl);
   run_convs(enc, bt, d_pcm, nullptr, s);
   run_transformer(enc, bt, s);
-  if (down.gemv) {
+  if (down.mma && (mma_always || km::conv_mma_fills_device(down.p, bt.count))) {
+    km::conv_mma(down.p, bt, s);
+  } else if (down.gemv) {
     km::conv_gemv(down.p, bt, s);
   } else {
     km::conv_direct(down.p, bt, s);

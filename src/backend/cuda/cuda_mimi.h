@@ -31,7 +31,12 @@ class CudaMimi {
   // activations of `slots` streams, all reset. Uses the current CUDA device. `pdl`: the kernels
   // use programmatic dependent launch where the device supports it (compute capability 9.0+; what
   // ships: ppx::CudaOptions::mimi_pdl); false launches them plainly. Results do not depend on it.
-  CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl = true);
+  // `fp16` (--mimi-fp16, ppx::CudaOptions::mimi_fp16): the convolutions over long time axes and the
+  // transposed ones run on tensor cores with fp16 weights and inputs and fp32 sums (kern::mimi::
+  // conv_mma) in launches with enough rows to fill the device (conv_mma_fills_device), fp32
+  // otherwise; the rest stays fp32. Results then differ from the fp32 reference by fp16 rounding
+  // (docs/QUALITY.md), and a row's result can differ by that much between batch sizes.
+  CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl = true, bool fp16 = false);
   ~CudaMimi();
   CudaMimi(const CudaMimi&) = delete;
   CudaMimi& operator=(const CudaMimi&) = delete;
@@ -40,6 +45,10 @@ class CudaMimi {
   int num_codebooks() const;
   int slots() const;
   size_t weight_bytes() const;  // device memory held by the weights
+  bool fp16() const;
+  // Tests: with fp16, every launch of a tensor-core conv runs on tensor cores, also those too small
+  // to fill the device (which otherwise run in fp32).
+  void set_mma_always(bool on);
 
   // Graph-safe resets (async on s, no host sync): the next encode/decode of the slot behaves like
   // the first after construction.
