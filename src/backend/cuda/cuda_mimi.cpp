@@ -500,8 +500,11 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
 }
 
 // The transformer's linears run as conv_mma (--mimi-fp16) from this many batch rows (or always with
-// set_mma_always); fewer rows run the fp32 GEMV, whose latency at a row or two is lower.
-constexpr int kLinearMmaRows = 16;
+// set_mma_always); fewer rows run the fp32 GEMV. As a GEMM a linear has few column tiles (2 per
+// row, 64 per tile) and a long reduction per block, so below ~100 rows it is the slower of the two
+// (H200, docs/PERF.md v0.20: encode + decode at 32 rows 174 + 171 us a row with the linears on
+// tensor cores against 96 + 92 without; at 128 rows 76 + 79 against 82 + 84).
+constexpr int kLinearMmaRows = 128;
 
 // One transformer linear: the fp32 GEMV, or (mma) its LayerNorm alone into d.xn and then the
 // product as a k = 1 conv over the tokens on tensor cores, with the same epilogue.
