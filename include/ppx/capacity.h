@@ -42,11 +42,12 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 // (0.7, the lower). Better kernels raise them.
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 0.7;
-// Device time each session costs a frame besides its KV reads: its own Mimi encode and decode (one
-// small-kernel graph each, per session: the codec is not batched yet) and its rows of the batched
-// step. Calibrated on an H200 (bench/results/h200_2026-12-04_v20/server): the real server held 104
-// real-time `--fast --kv-fp8` sessions at added latency p99 73 ms and lost real time at 120, so a
-// session costs ~0.65 ms of an 80 ms frame at short context.
+// Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
+// rows of the batched step. Calibrated on an H200 when each session ran its own codec graphs
+// (bench/results/h200_2026-12-04_v20/server): the real server held 104 real-time `--fast --kv-fp8`
+// sessions at added latency p99 73 ms and lost real time at 120, so a session cost ~0.65 ms of an
+// 80 ms frame at short context. Not recalibrated since the codec was batched and put on tensor
+// cores (docs/PERF.md v0.16, v0.20): conservative now (docs/CLI.md, "capacity").
 inline constexpr double kSessionFixedMs = 0.6;
 
 // --prompt-cache-mb auto (CudaOptions::prompt_cache_bytes == kPromptCacheAuto): the prompt cache
