@@ -325,7 +325,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps) conv_gemv_kernel(ConvParams p
 // (x' gathered per column) 16 values per thread, one column per thread.
 constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 32, kMmaLd = kMmaK + 8;  // smem row: 80 bytes
 
-__device__ __forceinline__ float sat_half(float v) { return fminf(fmaxf(v, -65504.f), 65504.f); }
+// Saturates to fp16's finite range (a NaN stays NaN, as the fp32 kernels would carry it).
+__device__ __forceinline__ float sat_half(float v) { return isnan(v) ? v : fminf(fmaxf(v, -65504.f), 65504.f); }
 
 __global__ void __launch_bounds__(128) conv_mma_kernel(ConvParams p, Batch batch) {
   __shared__ __align__(16) __half As[kMmaM][kMmaLd];
