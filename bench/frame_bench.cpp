@@ -299,22 +299,19 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
       }
       due.pop();
       lk.unlock();
+      std::optional<std::string> failure;
       try {
         start_frame(d.s);
+      } catch (const std::exception& e) {
+        failure = e.what();
       } catch (...) {
-        std::string what = "unknown error";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        lk.lock();
-        errors.push_back("session " + std::to_string(d.s) + ": " + what);
-        ++finished;
-        continue;
+        failure = "unknown error";
       }
       lk.lock();
+      if (failure) {
+        errors.push_back("session " + std::to_string(d.s) + ": " + *failure);
+        ++finished;
+      }
     }
   }
   if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");

@@ -31,8 +31,6 @@
 
 namespace {
 
-bool g_fp16_always = false;  // --mimi-fp16-always
-
 // Test signal of frame f.
 void fill_frame(std::vector<float>& pcm, int f) {
   const int fs = static_cast<int>(pcm.size());
@@ -71,12 +69,12 @@ class EncDecTimer {
 
 // Times graph replays of one encode and one decode per frame; returns the GPU description.
 std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames, bool fp16,
-                       double* load_ms, std::vector<double>& enc, std::vector<double>& dec) {
+                       bool fp16_always, double* load_ms, std::vector<double>& enc, std::vector<double>& dec) {
   using namespace ppx::cuda;
   if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
   const double t_load = ppx::app::now_ms();
   CudaMimi mimi(c, w, 1, true, fp16);
-  mimi.set_mma_always(g_fp16_always);
+  mimi.set_mma_always(fp16_always);
   *load_ms = ppx::app::now_ms() - t_load;
   const int fs = mimi.frame_samples();
   cudaStream_t s;
@@ -106,12 +104,12 @@ std::string bench_cuda(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmu
 
 // --batch: per batch size, graph replays of one batched encode and one batched decode per frame.
 nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightSource& w, int warmup, int frames,
-                                          bool fp16, const std::vector<int>& sizes) {
+                                          bool fp16, bool fp16_always, const std::vector<int>& sizes) {
   using namespace ppx::cuda;
   if (device_count() == 0) throw ppx::Error("--device cuda: no CUDA device found");
   const int max_n = *std::max_element(sizes.begin(), sizes.end());
   CudaMimi mimi(c, w, max_n, true, fp16);
-  mimi.set_mma_always(g_fp16_always);
+  mimi.set_mma_always(fp16_always);
   const int fs = mimi.frame_samples(), nq = mimi.num_codebooks();
   cudaStream_t s;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -202,7 +200,6 @@ int bench(int argc, char** argv) {
   }
   if (fp16 && device != "cuda") throw ppx::Error("--mimi-fp16 needs --device cuda");
   if (fp16_always && !fp16) throw ppx::Error("--mimi-fp16-always needs --mimi-fp16");
-  g_fp16_always = fp16_always;
   if (!batch_sizes.empty()) {
     if (device != "cuda") throw ppx::Error("--batch needs --device cuda");
 #ifdef PPX_HAVE_CUDA
@@ -214,7 +211,7 @@ int bench(int argc, char** argv) {
     j["weights"] = weights.empty() ? "random" : weights;
     j["frames"] = frames;
     j["warmup"] = warmup;
-    j.update(bench_cuda_batches(cfg.mimi, *w, warmup, frames, fp16, batch_sizes));
+    j.update(bench_cuda_batches(cfg.mimi, *w, warmup, frames, fp16, fp16_always, batch_sizes));
     j["machine"] = ppx::app::machine_info();
     j["command"] = ppx::app::command_line(argc, argv);
     ppx::app::emit_json(j, out);
@@ -228,7 +225,7 @@ int bench(int argc, char** argv) {
   std::string gpu;
   if (device == "cuda") {
 #ifdef PPX_HAVE_CUDA
-    gpu = bench_cuda(cfg.mimi, *w, warmup, frames, fp16, &load_ms, enc, dec);
+    gpu = bench_cuda(cfg.mimi, *w, warmup, frames, fp16, fp16_always, &load_ms, enc, dec);
 #else
     throw ppx::Error("--device cuda: this build has no CUDA backend (configure with -DPPX_CUDA=ON)");
 #endif

@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -129,8 +128,7 @@ TEST(CodecScheduler, ASlotsCallsRunInTheOrderAsked) {
   a1->decode_async(codes_a.data(), out.data(), count);
   a2->reset();
   a2->encode_async(pcm.data(), codes_a2.data(), count);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (sched.queued() < 3 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  test::poll_until([&] { return sched.queued() >= 3; });
   EXPECT_EQ(sched.queued(), 3u);
   {
     std::lock_guard<std::mutex> lk(r->mu);

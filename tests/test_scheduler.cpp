@@ -171,9 +171,7 @@ TEST(Scheduler, PrefillWaitsWhileLiveStepsAreLate) {
       for (int i = 0; i < 4; ++i) sj->run(prompt_req, r, nullptr);  // the 4th hands the job over
     });
     // b's step and j's prefill job are queued behind the held step, then wait past the 25 ms.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (sched.queued() < 2 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    test::poll_until([&] { return sched.queued() >= 2; });
     std::this_thread::sleep_for(std::chrono::milliseconds(2 * static_cast<int>(LmScheduler::kPrefillMaxStepWaitMs)));
     g->release.set_value();
     ta.join();
@@ -255,9 +253,7 @@ TEST(Scheduler, SlotControlDoesNotWaitForItsPassBatchStep) {
   // Pass 3 will hold a's step and c's reset.
   step(*sa, ga, ra, a_done);
   reset = std::async(std::launch::async, [&] { sc->reset(); });
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (sched.queued() < 2 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  test::poll_until([&] { return sched.queued() >= 2; });
   ASSERT_EQ(sched.queued(), 2u);
   h->allow(2);  // pass 2's step ends; pass 3 resets slot 2 and holds at its step
   ASSERT_TRUE(h->wait_runs(3));

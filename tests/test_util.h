@@ -3,13 +3,26 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ppx::test {
+
+// Polls `done` every millisecond until it holds or `timeout` passes; returns its last value.
+template <typename Pred>
+bool poll_until(Pred done, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 // The source tree's paths are baked in at build time; PPX_TEST_DATA_DIR and PPX_TEST_CONFIG_DIR
 // override them where the binaries run from another checkout (the GPU machine's copy).

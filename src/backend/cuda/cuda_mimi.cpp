@@ -182,6 +182,7 @@ struct CudaMimi::Impl {
   void build_transformer(Direction& d, WeightSource& w, const std::string& prefix);
   void build_quantizer(WeightSource& w);
   void finalize(Direction& d);
+  void run_conv(const Conv& cv, const km::ConvParams& p, const km::Batch& bt, cudaStream_t s) const;
   void run_convs(const Direction& d, const km::Batch& bt, const float* user_in, float* user_out, cudaStream_t s) const;
   void run_transformer(const Direction& d, const km::Batch& bt, cudaStream_t s) const;
   void run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, bool mma, const km::Batch& bt,
@@ -481,6 +482,18 @@ void CudaMimi::reset_decoder(int slot, cudaStream_t s) {
   PPX_CUDA_CHECK(cudaMemsetAsync(p_->ints.get() + static_cast<size_t>(slot) * p_->ints_stride + 1, 0, 2 * sizeof(int), s));
 }
 
+// One conv launch with `p` (cv.p, its caller's buffers patched in): on tensor cores where it has
+// fp16 weights and the launch fills the device (or set_mma_always), else the fp32 kernel of its shape.
+void CudaMimi::Impl::run_conv(const Conv& cv, const km::ConvParams& p, const km::Batch& bt, cudaStream_t s) const {
+  if (cv.mma && (mma_always || km::conv_mma_fills_device(p, bt.count))) {
+    km::conv_mma(p, bt, s);
+  } else if (cv.gemv) {
+    km::conv_gemv(p, bt, s);
+  } else {
+    km::conv_direct(p, bt, s);
+  }
+}
+
 void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const float* user_in, float* user_out,
                                cudaStream_t s) const {
   for (const Conv& cv : d.convs) {
@@ -489,13 +502,7 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
       p.x = km::Act{const_cast<float*>(user_in), cv.x.t, 0, cv.x.t, 1};
     }
     if (cv.raw.off == -2) p.out_raw = km::Act{user_out, cv.raw.t, 0, cv.raw.t, 1};
-    if (cv.mma && (mma_always || km::conv_mma_fills_device(p, bt.count))) {
-      km::conv_mma(p, bt, s);
-    } else if (cv.gemv) {
-      km::conv_gemv(p, bt, s);
-    } else {
-      km::conv_direct(p, bt, s);
-    }
+    run_conv(cv, p, bt, s);
   }
 }
 
@@ -588,13 +595,7 @@ void CudaMimi::Impl::encode(const km::Batch& bt, const float* d_pcm, int32_t* d_
   const km::PdlScope scope(pdl);
   run_convs(enc, bt, d_pcm, nullptr, s);
   run_transformer(enc, bt, s);
-  if (down.mma && (mma_always || km::conv_mma_fills_device(down.p, bt.count))) {
-    km::conv_mma(down.p, bt, s);
-  } else if (down.gemv) {
-    km::conv_gemv(down.p, bt, s);
-  } else {
-    km::conv_direct(down.p, bt, s);
-  }
+  run_conv(down, down.p, bt, s);
   const QuantizerConfig& q = c.quantizer;
   const int ncb = c.num_codebooks;
   km::RvqEncodeParams rp;
