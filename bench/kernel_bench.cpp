@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #include "apps/common.h"
@@ -304,16 +305,18 @@ nlohmann::ordered_json attention_bench(cudaStream_t s) {
 // B = 8 .. 128, bf16 and int8 weights, against cuBLAS's bf16 GEMM on the same shapes: time per
 // launch, TFLOP/s (2 N K B) and the weight bytes per second. The batched LM step is these GEMMs plus
 // attention and sampling, so this says whether the GEMM or the rest holds a large batch back.
-nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h) {
+nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h, const std::vector<int>& batches,
+                                  const std::string& shape_filter) {
   using namespace ppx;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  constexpr int kMaxB = 128;
+  const int kMaxB = *std::max_element(batches.begin(), batches.end());
   for (const Shape& sh : kShapes) {
+    if (!shape_filter.empty() && std::string(sh.name).find(shape_filter) == std::string::npos) continue;
     const ShapeWeights sw(sh, kMaxB, /*with_fp8=*/false, s);
     const size_t wn = sw.wn;
     DeviceBuffer<__nv_bfloat16> xstage(static_cast<size_t>(kMaxB) * sh.K);
     DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N), ws(kern::gemm_ws_floats(kMaxB, sh.N));
-    for (int B : {8, 16, 32, 64, 128}) {
+    for (int B : batches) {
       auto args = [&](int i, bool i8) {
         kern::GemvArgs a = sw.args(i, i8 ? ShapeWeights::kInt8 : ShapeWeights::kBf16, B);
         a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size()};
@@ -422,6 +425,16 @@ int bench(int argc, char** argv) {
                  "per row unit (the grid before v12), for comparison")
       ->capture_default_str()
       ->check(CLI::Range(0, 1));
+  std::vector<int> gemm_batches{8, 16, 32, 64, 128};
+  app.add_option("--gemm-batches", gemm_batches, "batch sizes of the gemm section")
+      ->capture_default_str()
+      ->check(CLI::Range(5, 1024));
+  int gemm_policy = 0;
+  app.add_option("--gemm-policy", gemm_policy, "batched GEMM kernel: 0 the shipped one, 1 16 warps a block (two per row group)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1));
+  std::string gemm_shapes;
+  app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -431,12 +444,14 @@ int bench(int argc, char** argv) {
   ppx::kern::gemv_init();
   ppx::kern::attention_init();
   ppx::kern::gemv_set_grid_policy(grid_policy);
+  ppx::kern::gemm_set_policy(gemm_policy);
   cudaStream_t s;
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   nlohmann::ordered_json j;
   j["bench"] = "kernels";
   j["gpu"] = ppx::cuda::device_description();
   j["gemv_grid"] = grid_policy;
+  j["gemm_policy"] = gemm_policy;
 
   auto want = [&](const char* section) { return only.empty() || only == section; };
   // Copy bandwidth: 2 GiB device to device.
@@ -499,7 +514,7 @@ int bench(int argc, char** argv) {
     std::printf("%-32s N=%5d K=%5d  ours %7.2f us %5.2f TB/s   cublas %7.2f us %5.2f TB/s\n", sh.name, sh.N, sh.K,
                 ours * 1e3, bytes / (ours * 1e-3) / 1e12, cublas * 1e3, bytes / (cublas * 1e-3) / 1e12);
   }
-  if (want("gemm")) j["gemm"] = gemm_bench(s, h);
+  if (want("gemm")) j["gemm"] = gemm_bench(s, h, gemm_batches, gemm_shapes);
   cublasDestroy(h);
   if (want("gemv")) j["gemv"] = rows;
   if (want("gemv8")) j["gemv8"] = gemv8_bench(s);

@@ -39,9 +39,13 @@ namespace ppx::kern::gemm_impl {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 16 * kWarps;  // weight rows per tile
+constexpr int kRowGroups = 8;               // warps along a tile's rows, 16 rows each
+constexpr int kTileRows = 16 * kRowGroups;  // weight rows per tile
+// Column groups: with CG = 2 a block has 16 warps, each pair of warps sharing a row group and
+// splitting the batch tiles between them (more warps per SM to hide the shared-memory and MMA
+// latencies; each weight fragment is then converted by both warps of the pair).
+template <int CG>
+constexpr int kThreadsOf = 32 * kRowGroups * CG;
 constexpr int kRowBytes = 128;          // bytes of a weight row per k-tile
 constexpr int kStages = 4;
 // Activation rows in shared memory are padded by 32 elements (16 words), so that the 8 lanes of a
@@ -105,9 +109,13 @@ __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8
   }
 }
 
-template <typename WT, int NT>
-__global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N, int K, int B, const __nv_bfloat16* x,
-                                                        int64_t x_stride, int ks_len, float* ws) {
+template <typename WT, int NT, int CG>
+__global__ void __launch_bounds__(kThreadsOf<CG>) gemm_kernel(const void* wbase, int N, int K, int B,
+                                                              const __nv_bfloat16* x, int64_t x_stride, int ks_len,
+                                                              float* ws) {
+  constexpr int kThreads = kThreadsOf<CG>, kWarps = kThreads / 32;
+  // This warp's batch tiles: [j0, j0 + NTW), those below NT.
+  constexpr int NTW = (NT + CG - 1) / CG;
   using XT = typename Fmt<WT>::X;
   constexpr int KT = Fmt<WT>::kKt;
   constexpr bool kI8 = std::is_same_v<WT, int8_t>;
@@ -119,6 +127,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
   float* xscale = reinterpret_cast<float*>(xs + NT * 8 * xpitch);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const int rg = warp % kRowGroups, j0 = CG == 1 ? 0 : (warp / kRowGroups) * NTW;
   const int s = blockIdx.y, k0 = s * ks_len, klen = min(ks_len, K - k0);
   const WT* w = static_cast<const WT*>(wbase);
   const int tiles = (N + kTileRows - 1) / kTileRows;
@@ -197,19 +206,19 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
   }
   // (the first __syncthreads of the loop publishes the converted slice)
 
-  float acc[NT][4];
+  float acc[NTW][4];
   for (int it = 0; it < total; ++it) {
     const int kt = it % ktiles;
     if (kt == 0) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int j = 0; j < NTW; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
     }
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage it is in for every thread; stage it - 1 is free for the next issue
     issue(it + kStages - 1);
-    const unsigned char* st = wtiles + (it % kStages) * kStageBytes<WT> + (warp * 16 + g) * kRowPitch;
+    const unsigned char* st = wtiles + (it % kStages) * kStageBytes<WT> + (rg * 16 + g) * kRowPitch;
 #pragma unroll
     for (int kk = 0; kk < KT; kk += 32) {
       uint32_t a0[4], a1[4];  // rows g and g + 8
@@ -217,8 +226,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
       load_a(st + 8 * kRowPitch + (kk + 8 * t) * sizeof(WT), a1, WT{});
       const uint32_t fa[4] = {a0[0], a1[0], a0[1], a1[1]}, fb[4] = {a0[2], a1[2], a0[3], a1[3]};
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + (j * 8 + g) * xpitch + kt * KT + kk + 8 * t);
+      for (int j = 0; j < NTW; ++j) {
+        if (NT % CG != 0 && j0 + j >= NT) break;
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + ((j0 + j) * 8 + g) * xpitch + kt * KT + kk + 8 * t);
         mma_m16n8k16(acc[j], fa, xv.x, xv.y, XT{});
         mma_m16n8k16(acc[j], fb, xv.z, xv.w, XT{});
       }
@@ -227,11 +237,11 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const void* wbase, int N
       // This tile's partial sums over the slice: ws[s][b][n].
       const int tile = blockIdx.x + (it / ktiles) * gridDim.x;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
+      for (int j = 0; j < NTW; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int b = j * 8 + 2 * t + (e & 1);
-          const int n = tile * kTileRows + warp * 16 + g + (e >= 2 ? 8 : 0);
+          const int b = (j0 + j) * 8 + 2 * t + (e & 1);
+          const int n = tile * kTileRows + rg * 16 + g + (e >= 2 ? 8 : 0);
           if (b >= B || n >= N) continue;
           float v = acc[j][e];
           if constexpr (kI8) v *= xscale[b];
@@ -281,6 +291,7 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
 }
 
 int g_sms = 0;
+int g_policy = 0;  // gemm_set_policy()
 int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into on this device
 
 // Lets the kernel use up to what its largest slice needs, or what the device allows (sm_80: 163 KB,
@@ -288,8 +299,10 @@ int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into
 template <typename WT, int NT>
 void set_smem_attr() {
   const size_t need = std::min<size_t>(smem_bytes<WT>(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
-  if (cudaFuncSetAttribute(gemm_kernel<WT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)) !=
-      cudaSuccess)
+  if (cudaFuncSetAttribute(gemm_kernel<WT, NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(need)) != cudaSuccess ||
+      cudaFuncSetAttribute(gemm_kernel<WT, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(need)) != cudaSuccess)
     throw std::runtime_error("lm_gemm: cannot set the shared-memory size of the GEMM kernel");
 }
 template <typename WT, int... NT>
@@ -301,7 +314,10 @@ template <typename WT, int NT>
 void launch_nt(dim3 grid, size_t smem, const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, int ks, float* ws,
                cudaStream_t s) {
   const void* w = std::is_same_v<WT, int8_t> ? static_cast<const void*>(a.wi8) : static_cast<const void*>(a.w);
-  gemm_kernel<WT, NT><<<grid, kThreads, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
+  if (g_policy == 1 && NT >= 2)
+    gemm_kernel<WT, NT, 2><<<grid, kThreadsOf<2>, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
+  else
+    gemm_kernel<WT, NT, 1><<<grid, kThreadsOf<1>, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
 }
 
 template <typename WT>
@@ -335,6 +351,8 @@ void init() {
 }  // namespace ppx::kern::gemm_impl
 
 namespace ppx::kern {
+void gemm_set_policy(int policy) { gemm_impl::g_policy = policy; }
+
 // Four K slices of every width up to max_n, or 64K columns of slices (16 of 4096): what the
 // full-size model's shapes take (the widest, the text head, 4 slices; 4096-wide ones up to 16).
 // gemm_batched() takes fewer slices where this is short, down to the K / 1024 it must have.

@@ -74,5 +74,8 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
 // at once, each warp looping over row units; 1 launches one warp per row unit (the grid before
 // 2026-12-03 v12), whatever the wave count. Not thread-safe; not for serving code.
 void gemv_set_grid_policy(int policy);
+// Measurement hook (personaplex-bench-kernels --gemm-policy): which batched GEMM kernel runs B >
+// kMaxGemvBatch; 0 (default) the shipped one. Not thread-safe; not for serving code.
+void gemm_set_policy(int policy);
 
 }  // namespace ppx::kern

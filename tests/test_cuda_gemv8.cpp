@@ -367,8 +367,14 @@ TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
       {GemvIn::kPlain, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 2048, 1024},
       {GemvIn::kPlain, GemvOut::kStore, 200, 1040},
   };
-  for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});
-  for (const Case& c : cases) check_case(c, /*int8=*/false, {5, 16, 64}, /*bf16_weights=*/true);
+  // Every kernel variant (personaplex-bench-kernels --gemm-policy) against the same references.
+  for (int policy : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "gemm policy " << policy);
+    kern::gemm_set_policy(policy);
+    for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});
+    for (const Case& c : cases) check_case(c, /*int8=*/false, {5, 16, 64}, /*bf16_weights=*/true);
+  }
+  kern::gemm_set_policy(0);
 }
 
 // The int8 quantizer: scale = max|w| / 127 exactly (1 for zeros), every code is rint(w / scale)

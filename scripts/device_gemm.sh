@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/device_pack.sh with ppx_cuda_tests, personaplex-bench and
+# personaplex-bench-kernels in the pack: the batched GEMM (lm_gemm.cu) measured and profiled. The
+# CUDA suite, `personaplex-bench-kernels --only gemm` for every policy in GEMM_POLICIES, Nsight
+# Compute on one int8 launch per shape in NCU_SHAPES, then the batched LM step (`--lm-batch`).
+# Output in $OUT: summary.txt and results.tar.gz.
+#
+# Environment (defaults in brackets):
+#   TESTS [1]                 0 skips the CUDA suite (GTEST_FILTER narrows it)
+#   GEMM_POLICIES ["0"]       values of --gemm-policy for the gemm section
+#   GEMM_BATCHES ["16 32 64 128"]
+#   NCU_SHAPES ["temporal qkv;depformer qkv"]  ';'-separated; "" skips the profiles
+#   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
+#   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"])
+set -u
+cd "$(dirname "$0")/.." || exit 1
+. scripts/device_common.sh
+t0=$(date +%s)
+summary=$OUT/summary.txt
+raw=/tmp/raw
+mkdir -p "$raw"
+: >"$summary"
+note() { echo "$* ($(( $(date +%s) - t0 )) s)" | tee -a "$summary"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$raw/gpu.txt" 2>&1
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 300 "$B/ppx_cuda_tests" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} >"$raw/cuda_tests.log" 2>&1
+  note "cuda tests rc=$?"
+  grep -E "PASSED|FAILED|prefill vs|batched teacher" "$raw/cuda_tests.log" | head -20 >>"$summary"
+fi
+for p in ${GEMM_POLICIES:-0}; do
+  # shellcheck disable=SC2086
+  timeout 240 "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$p" --gemm-batches ${GEMM_BATCHES:-16 32 64 128} \
+    --out "$raw/kernels_gemm_p$p.json" >"$raw/kernels_gemm_p$p.log" 2>&1
+  note "kernels gemm policy $p rc=$?"
+  sed "s/^gemm /p$p /" "$raw/kernels_gemm_p$p.log" | grep -E "^p$p " >>"$summary"
+done
+IFS=';' read -r -a ncu_shapes <<<"${NCU_SHAPES-temporal qkv;depformer qkv}"
+i=0
+for pol in ${NCU_POLICIES:-0}; do
+for sh in "${ncu_shapes[@]}"; do
+  [ -n "$sh" ] || continue
+  i=$((i + 1))
+  # The bf16 kernels run first (50 launches x 6 graph replays), then the int8 ones: skip past them.
+  timeout 240 ncu --clock-control none --kernel-name regex:gemm_kernel --launch-skip 310 --launch-count 1 \
+    --set full -o "$raw/ncu_$i" "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$pol" \
+    --gemm-batches "${NCU_B:-64}" --gemm-shapes "$sh" >"$raw/ncu_$i.log" 2>&1
+  note "ncu policy $pol '$sh' rc=$?"
+  ncu --import "$raw/ncu_$i.ncu-rep" --page details >"$raw/ncu_$i.txt" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Shared Memory.*Throughput|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued" \
+    "$raw/ncu_$i.txt" | head -30 | sed "s/^/  [p$pol $sh] /" >>"$summary"
+done
+done
+IFS=';' read -r -a lm_runs <<<"${LM_RUNS-fast:--fast}"
+for e in "${lm_runs[@]}"; do
+  [ -n "$e" ] || continue
+  IFS=':' read -r name flags <<<"$e"
+  # shellcheck disable=SC2086
+  timeout 300 "$B/personaplex-bench" --device cuda --random-weights $flags --lm-batch ${LM_BATCH:-16 64 128} \
+    --frames "${FRAMES:-30}" --warmup 5 --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
+  note "lm_batch $name rc=$?"
+  grep -E "batch|step" "$raw/lm_batch_$name.log" | tail -8 >>"$summary"
+done
+tar -czf "$OUT/results.tar.gz" -C "$raw" .
