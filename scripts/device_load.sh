@@ -22,6 +22,11 @@
 #                                bench/prompts/long_prompt.txt, 1413 prompt steps)
 #   CHURN_PROMPT_FILE [""]       the churn sessions' text prompt (with LOAD_FLAGS=--churn R; add
 #                                --churn-unique-prompts there to keep them out of the prompt cache)
+#   VOICE_SECONDS [""]           every session's voice prompt: a synthetic speech-like WAV of this
+#                                many seconds (24 kHz) in a voice folder made for the server; 232
+#                                fills ~2900 of the 3000 frames of context (issue #14's full-context
+#                                real-server run), the first session replays it, the rest load it
+#                                from the prompt cache
 #   TIME_BUDGET_S [510]          a run that would end past this many seconds is skipped
 #   MAX_SESSIONS_EXTRA [0]       server slots beyond the largest count (room for LOAD_FLAGS=--churn)
 #   PPX_BIN_DIR                  take the binaries from this folder instead of unpacking devpkg
@@ -51,6 +56,34 @@ runs=()  # "mode_nN" of every JSON written
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
   --format=csv >"$OUT/gpu.txt" 2>&1
 
+voice_args=()
+load_voice=()
+if [ -n "${VOICE_SECONDS:-}" ]; then
+  voice_dir=$(mktemp -d)
+  python3 - "$voice_dir/long.wav" "$VOICE_SECONDS" <<'PY'
+import array, math, sys, wave
+path, seconds, sr = sys.argv[1], float(sys.argv[2]), 24000
+n = int(seconds * sr)
+out = array.array("h", bytes(2 * n))
+phase = 0.0
+for i in range(n):
+    t = i / sr
+    f0 = 120.0 + 30.0 * math.sin(2 * math.pi * 0.3 * t)  # gliding pitch
+    phase += 2 * math.pi * f0 / sr
+    env = max(0.0, math.sin(2 * math.pi * 2.5 * t)) * (0.0 if (t % 4.0) > 3.4 else 1.0)  # syllables, pauses
+    v = env * (0.5 * math.sin(phase) + 0.25 * math.sin(2 * phase) + 0.12 * math.sin(3 * phase))
+    out[i] = int(8000 * v)
+with wave.open(path, "wb") as w:
+    w.setnchannels(1)
+    w.setsampwidth(2)
+    w.setframerate(sr)
+    w.writeframes(out.tobytes())
+PY
+  voice_args=(--voice-prompt-dir "$voice_dir")
+  load_voice=(--voice long.wav)
+  echo "voice prompt: ${VOICE_SECONDS} s synthetic WAV ($(du -k "$voice_dir/long.wav" | cut -f1) KiB)" >>"$summary"
+fi
+
 server_pid=""
 port=""
 stop_server() {
@@ -77,7 +110,7 @@ start_server() {
   shift 2
   local log=$OUT/server_$mode.log
   # shellcheck disable=SC2086
-  "$B/personaplex-server" --config "$config" --random-weights --device "$device" "$@" \
+  "$B/personaplex-server" --config "$config" --random-weights --device "$device" "$@" "${voice_args[@]}" \
     ${SERVER_FLAGS:-} --host 127.0.0.1 --port 0 --max-sessions "$max" --idle-timeout 30 \
     --drain-timeout 2 >"$log" 2>&1 &
   server_pid=$!
@@ -126,7 +159,7 @@ run_load() {
   [ -n "${CHURN_PROMPT_FILE:-}" ] && prompt+=(--churn-text-prompt "$(cat "$CHURN_PROMPT_FILE")")
   # shellcheck disable=SC2086
   "$B/personaplex-load" --port "$port" --sessions "$n" --duration "$duration" \
-    --ramp-ms "$ramp_ms" --quiet --json "$OUT/load_$name.json" "${prompt[@]}" ${LOAD_FLAGS:-} \
+    --ramp-ms "$ramp_ms" --quiet --json "$OUT/load_$name.json" "${prompt[@]}" "${load_voice[@]}" ${LOAD_FLAGS:-} \
     >"$OUT/load_$name.log" 2>&1
   local rc=$?
   echo "load $name rc=$rc: $(grep -E '^ +all ' "$OUT/load_$name.log")" >>"$summary"

@@ -557,6 +557,11 @@ TEST_F(ServerTest, PromptCacheHitAnswersAsTheReplay) {
   const auto h = nlohmann::json::parse(http_get(port_, "/health"));
   EXPECT_EQ(h["prompt_cache"]["entries"], 1);
   EXPECT_EQ(h["prompt_cache"]["capacity_bytes"], size_t{16} << 20);
+  // The voice file was read and prepared once (engine/voice_cache.h).
+  EXPECT_EQ(h["voice_cache"]["misses"], 1) << h.dump();
+  EXPECT_EQ(h["voice_cache"]["hits"], 1);
+  EXPECT_EQ(h["voice_cache"]["entries"], 1);
+  EXPECT_GT(h["voice_cache"]["used_bytes"].get<size_t>(), 0u);
 }
 
 namespace {

@@ -31,6 +31,10 @@ struct SystemPrompt {
   std::optional<VoiceEmbeddings> voice;  // a .pt voice, or
   std::vector<float> voice_audio;        // voice audio at the model rate (already normalised), or neither
   std::vector<int> text_tokens;          // tokenized "<system> ... <system>", may be empty
+  // voice_prompt_digest() (engine/prompt_cache.h) of the voice above when already known (a voice
+  // from the server's VoiceCache), so that the prompt cache key need not hash the voice again;
+  // empty: computed when needed. Set it only together with the voice it was computed from.
+  std::string voice_digest;
 };
 
 // Steps the system prompts would take (voice frames + silences + text tokens).

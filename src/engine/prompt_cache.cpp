@@ -55,9 +55,9 @@ class Hasher {
 
 }  // namespace
 
-std::string prompt_cache_key(const SystemPrompt& p, const LmGenConfig& gen) {
+std::string voice_prompt_digest(const SystemPrompt& p) {
   Hasher h;
-  const char version[] = "ppx-prompt-v1";
+  const char version[] = "ppx-voice-v1";
   h.field('V', version, sizeof version - 1);
   if (p.voice) {
     h.value('n', p.voice->n);
@@ -69,6 +69,15 @@ std::string prompt_cache_key(const SystemPrompt& p, const LmGenConfig& gen) {
   } else {
     h.value('0', 0);
   }
+  return h.hex();
+}
+
+std::string prompt_cache_key(const SystemPrompt& p, const LmGenConfig& gen) {
+  Hasher h;
+  const char version[] = "ppx-prompt-v2";
+  h.field('V', version, sizeof version - 1);
+  const std::string voice = p.voice_digest.empty() ? voice_prompt_digest(p) : p.voice_digest;
+  h.field('v', voice.data(), voice.size());
   h.field('t', p.text_tokens.data(), p.text_tokens.size());
   h.value('s', gen.audio_silence_frame_cnt);
   h.value('z', gen.zero_text_code);

@@ -33,6 +33,9 @@ namespace ppx {
 // settings the prompt phases use (silence and sine tokens, the silence length, the zero text code).
 // The model and its speed flags are fixed for the life of a cache, so they are not part of it.
 std::string prompt_cache_key(const SystemPrompt& p, const LmGenConfig& gen);
+// SHA-256 (hex) of the prompt's voice alone (what prompt_cache_key hashes of it; p.voice_digest is
+// ignored): computed once per prepared voice by VoiceCache and carried in SystemPrompt::voice_digest.
+std::string voice_prompt_digest(const SystemPrompt& p);
 
 class PromptCache {
  public:

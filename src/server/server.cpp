@@ -348,6 +348,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       } else {
         j["prompt_cache"] = nullptr;
       }
+      const VoiceCache::Stats vs = hub_->voices.stats();
+      j["voice_cache"] = {{"capacity_bytes", kVoiceCacheBytes}, {"used_bytes", vs.bytes}, {"entries", vs.entries},
+                          {"hits", vs.hits},                    {"misses", vs.misses},    {"evictions", vs.evictions}};
       const bool ok = path == "/health" ? why.empty() : ready;
       return reply(req, ok ? http::status::ok : http::status::service_unavailable,
                    "application/json", dump(j));

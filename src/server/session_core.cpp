@@ -335,12 +335,7 @@ std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
   // A client that left at once (connect/reset churn) costs no model state.
   if (!alive()) return ended_early();
   SystemPrompt prompt;
-  if (!p.voice_path.empty()) {
-    if (p.voice_path.size() > 3 && p.voice_path.compare(p.voice_path.size() - 3, 3, ".pt") == 0)
-      prompt.voice = load_voice_embeddings(p.voice_path);
-    else
-      prompt.voice_audio = prepare_voice_audio(p.voice_path, sr, fs);
-  }
+  if (!p.voice_path.empty()) set_prompt_voice(prompt, *hub_->voices.get(p.voice_path, sr, fs));
   const std::string wrapped = wrap_system_prompt(p.text_prompt);
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
   if (hub_->codec) {

@@ -20,6 +20,7 @@
 
 #include "engine/codec_scheduler.h"
 #include "engine/scheduler.h"
+#include "engine/voice_cache.h"
 #include "server/end_reason.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -39,6 +40,9 @@ struct SessionHub {
   // Every session's codec state and the thread that encodes and decodes their frames, batched
   // (null with --per-session-codec: each session then takes its own codec stream).
   std::unique_ptr<CodecScheduler> codec;
+  // Voice prompts read and prepared once, shared by the sessions that choose them while the file
+  // is unchanged (engine/voice_cache.h).
+  VoiceCache voices{kVoiceCacheBytes};
 
   // The live sessions' events (session_core.h): run by executor_threads (--session-threads),
   // which the Server starts and joins on stop, once every session has ended.
