@@ -43,12 +43,12 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
-// rows of the batched step. Calibrated on an H200 when each session ran its own codec graphs
-// (bench/results/h200_2026-12-04_v20/server): the real server held 104 real-time `--fast --kv-fp8`
-// sessions at added latency p99 73 ms and lost real time at 120, so a session cost ~0.65 ms of an
-// 80 ms frame at short context. Not recalibrated since the codec was batched and put on tensor
-// cores (docs/PERF.md v0.16, v0.20): conservative now (docs/CLI.md, "capacity").
-inline constexpr double kSessionFixedMs = 0.6;
+// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.20, with the batched codec on
+// tensor cores): with every context full, 100 `--fast --kv-fp8` sessions held real time for a
+// minute (148 did not) and 80 bf16-KV sessions for two; at the copy rate the server measured
+// there (3.73-3.77 TB/s) 0.38 ms makes the model allow 99 fp8 sessions and 70 bf16 ones, at or
+// below what held. (0.6 before: calibrated on v0.15's per-session codec graphs.)
+inline constexpr double kSessionFixedMs = 0.38;
 
 // --prompt-cache-mb auto (CudaOptions::prompt_cache_bytes == kPromptCacheAuto): the prompt cache
 // takes a tenth of the free memory after the LM loaded, at most 4 GiB (15 prompts of 1000 text
