@@ -467,6 +467,70 @@ TEST(CudaMimiFullSize, Fp16KeepsTheCodesAndTheAudio) {
   EXPECT_EQ(pcm2, alone2.pcm);
 }
 
+// --mimi-fp16 as shipped (no set_mma_always): at 32 batch rows the long and transposed convs fill
+// the device and run on tensor cores while the short ones stay fp32, so every row's codes and audio
+// go through the mixed path. Each row (its own offset into the speech) against the fp32 CUDA Mimi
+// run on the same rows: the same bars as above, and the audio must differ (the fp16 path ran).
+TEST(CudaMimiFullSize, Fp16AsShippedAtThirtyTwoRows) {
+  PPX_REQUIRE_GPU();
+  FullSize& F = full();
+  constexpr int kRows = 32, kN = 16;
+  RandomWeights w16(20261202), w32(20261202);
+  cuda::CudaMimi h(F.cfg.mimi, w16, kRows, true, /*fp16=*/true), f(F.cfg.mimi, w32, kRows, true, /*fp16=*/false);
+  const std::vector<float> speech = prepare_voice_audio(test::data("speech_16k.wav"));
+  ASSERT_GE(static_cast<int>(speech.size()) / F.fs, kN + kRows);
+  struct Out {
+    std::vector<int32_t> codes;
+    std::vector<float> pcm;
+  };
+  // Encodes kN frames of every row (row r starts r frames into the speech), then decodes the codes
+  // `dec` gives (the fp32 model's, so both decoders see the same input), or its own.
+  auto run = [&](cuda::CudaMimi& m, const std::vector<int32_t>* dec) {
+    Runner r(m);
+    std::vector<int> rows(kRows);
+    for (int i = 0; i < kRows; ++i) {
+      rows[i] = i;
+      m.reset_encoder(i, r.s);
+      m.reset_decoder(i, r.s);
+    }
+    cuda::DeviceBuffer<int> ids(kRows);
+    ids.upload(rows.data(), kRows, r.s);
+    cuda::DeviceBuffer<float> pin(static_cast<size_t>(kRows) * F.fs), pout(pin.size());
+    cuda::DeviceBuffer<int32_t> cbuf(static_cast<size_t>(kRows) * F.nq);
+    Out o;
+    std::vector<float> x(pin.size());
+    std::vector<int32_t> c(cbuf.size());
+    for (int fr = 0; fr < kN; ++fr) {
+      for (int i = 0; i < kRows; ++i)
+        std::copy_n(speech.data() + static_cast<size_t>(fr + i) * F.fs, F.fs, x.data() + static_cast<size_t>(i) * F.fs);
+      pin.upload(x.data(), x.size(), r.s);
+      m.encode_batch(ids.get(), kRows, pin.get(), cbuf.get(), r.s);
+      PPX_CUDA_CHECK(cudaMemcpyAsync(c.data(), cbuf.get(), c.size() * 4, cudaMemcpyDeviceToHost, r.s));
+      PPX_CUDA_CHECK(cudaStreamSynchronize(r.s));
+      o.codes.insert(o.codes.end(), c.begin(), c.end());
+    }
+    const std::vector<int32_t>& dc = dec ? *dec : o.codes;
+    std::vector<float> y(pout.size());
+    for (int fr = 0; fr < kN; ++fr) {
+      cbuf.upload(dc.data() + static_cast<size_t>(fr) * kRows * F.nq, static_cast<size_t>(kRows) * F.nq, r.s);
+      m.decode_batch(ids.get(), kRows, cbuf.get(), pout.get(), r.s);
+      PPX_CUDA_CHECK(cudaMemcpyAsync(y.data(), pout.get(), y.size() * 4, cudaMemcpyDeviceToHost, r.s));
+      PPX_CUDA_CHECK(cudaStreamSynchronize(r.s));
+      o.pcm.insert(o.pcm.end(), y.begin(), y.end());
+    }
+    return o;
+  };
+  const Out ref = run(f, nullptr);
+  const Out got = run(h, &ref.codes);
+  const double agree = agreement(got.codes, ref.codes), err = rel_l2(got.pcm, ref.pcm);
+  std::printf("mimi fp16 as shipped vs fp32 (%d rows x %d frames of speech): codes agree %.4f, decode rel L2 %.2e\n",
+              kRows, kN, agree, err);
+  EXPECT_GE(agree, 0.98);
+  EXPECT_LE(err, 1e-2);
+  EXPECT_GT(err, 0.0) << "no conv ran on tensor cores at 32 rows";
+  for (float v : got.pcm) ASSERT_TRUE(std::isfinite(v));
+}
+
 // The CUDA backend's codec batch (graphs per batch size) through the codec scheduler, sessions
 // joining and leaving: each session gets what its own codec stream gives alone.
 TEST(CudaCodecScheduler, BatchedEqualsAlone) {
