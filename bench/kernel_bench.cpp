@@ -430,9 +430,9 @@ int bench(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(5, 1024));
   int gemm_policy = 0;
-  app.add_option("--gemm-policy", gemm_policy, "batched GEMM kernel: 0 the shipped one, 1 16 warps a block (two per row group)")
+  app.add_option("--gemm-policy", gemm_policy, "batched GEMM kernel: 0 the shipped one, 1 16 warps a block (two per row group), 2 row warps (gemm_rw_kernel)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1));
+      ->check(CLI::Range(0, 2));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   try {

@@ -109,6 +109,58 @@ __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8
   }
 }
 
+// The activation slice [k0, k0 + ks_len) of NT x 8 batch rows into shared memory by cp.async, as
+// one commit group (rows past B and columns past klen zero-filled); row r at xs + r * xpitch.
+template <int NT, int kThreads, typename XT>
+__device__ __forceinline__ void stage_x_slice(const __nv_bfloat16* x, int64_t x_stride, int B, int k0, int klen,
+                                              int ks_len, XT* xs, int xpitch, int tid) {
+  const int cpr = ks_len / 8;  // 16-byte chunks per row
+  for (int c = tid; c < NT * 8 * cpr; c += kThreads) {
+    const int r = c / cpr, k = (c % cpr) * 8;
+    const bool full = r < B && k < klen;
+    const __nv_bfloat16* src = x + static_cast<int64_t>(full ? r : 0) * x_stride + k0 + (full ? k : 0);
+    cp_async16(xs + r * xpitch + k, src, full);
+  }
+  cp_async_commit();
+}
+
+// For int8 weights: each staged row's largest magnitude, and the row in fp16 over a power of two
+// (xscale[r], chosen so the row's largest magnitude is at most 2^14), in place. One warp per row.
+template <int NT, int kWarps>
+__device__ __forceinline__ void convert_x_slice(__half* xs, int xpitch, int ks_len, float* xscale, int warp, int lane) {
+  for (int r = warp; r < NT * 8; r += kWarps) {
+    __half* row = xs + r * xpitch;
+    float mx = 0.f;
+    for (int k = lane * 8; k < ks_len; k += 256) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + k);
+      const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+    mx = warp_max(mx);
+    // 2^e with mx / 2^e <= 2^14: frexp gives mx = f 2^ex with f in [0.5, 1).
+    int ex = 0;
+    frexpf(mx, &ex);
+    const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
+    const float inv = 1.f / sc;  // exact: a power of two
+    if (lane == 0) xscale[r] = sc;
+    for (int k = lane * 8; k < ks_len; k += 256) {
+      uint4 u = *reinterpret_cast<const uint4*>(row + k);
+      uint32_t* w4 = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+        const __half2 h = __floats2half2_rn(f.x * inv, f.y * inv);
+        w4[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(row + k) = u;
+    }
+  }
+}
+
 template <typename WT, int NT, int CG>
 __global__ void __launch_bounds__(kThreadsOf<CG>) gemm_kernel(const void* wbase, int N, int K, int B,
                                                               const __nv_bfloat16* x, int64_t x_stride, int ks_len,
@@ -154,56 +206,14 @@ __global__ void __launch_bounds__(kThreadsOf<CG>) gemm_kernel(const void* wbase,
     }
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
-  // The activation slice of every batch row, once, by cp.async ahead of the weight stages (rows past
-  // B and columns past the slice zero-filled); then, for int8 weights, each row's largest
-  // magnitude and the row in fp16 over a power of two, in place in shared memory.
-  {
-    const int cpr = ks_len / 8;  // 16-byte chunks per row
-    for (int c = tid; c < NT * 8 * cpr; c += kThreads) {
-      const int r = c / cpr, k = (c % cpr) * 8;
-      const bool full = r < B && k < klen;
-      const __nv_bfloat16* src = x + static_cast<int64_t>(full ? r : 0) * x_stride + k0 + (full ? k : 0);
-      cp_async16(xs + r * xpitch + k, src, full);
-    }
-    cp_async_commit();
-  }
+  // The activation slice of every batch row, once, by cp.async ahead of the weight stages; then,
+  // for int8 weights, converted in place (stage_x_slice, convert_x_slice).
+  stage_x_slice<NT, kThreads>(x, x_stride, B, k0, klen, ks_len, xs, xpitch, tid);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
   cp_async_wait<kStages - 1>();  // the activation group (the weight stages may still be in flight)
   __syncthreads();
-  if constexpr (kI8) {
-    for (int r = warp; r < NT * 8; r += kWarps) {
-      XT* row = xs + r * xpitch;
-      float mx = 0.f;
-      for (int k = lane * 8; k < ks_len; k += 256) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + k);
-        const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
-          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
-      }
-      mx = warp_max(mx);
-      // 2^e with mx / 2^e <= 2^14: frexp gives mx = f 2^ex with f in [0.5, 1).
-      int ex = 0;
-      frexpf(mx, &ex);
-      const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
-      const float inv = 1.f / sc;  // exact: a power of two
-      if (lane == 0) xscale[r] = sc;
-      for (int k = lane * 8; k < ks_len; k += 256) {
-        uint4 u = *reinterpret_cast<const uint4*>(row + k);
-        uint32_t* w4 = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
-          const __half2 h = __floats2half2_rn(f.x * inv, f.y * inv);
-          w4[i] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-        *reinterpret_cast<uint4*>(row + k) = u;
-      }
-    }
-  }
+  if constexpr (kI8) convert_x_slice<NT, kWarps>(xs, xpitch, ks_len, xscale, warp, lane);
   // (the first __syncthreads of the loop publishes the converted slice)
 
   float acc[NTW][4];
@@ -248,6 +258,154 @@ __global__ void __launch_bounds__(kThreadsOf<CG>) gemm_kernel(const void* wbase,
           ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
         }
       }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Policy 2 (gemm_set_policy; an experiment, not shipped): "row warps". The block stages its
+// activation slice as gemm_kernel does, but each warp then works alone on 32 weight rows at a time
+// (two m16 tiles sharing every activation fragment): it streams its rows through a ring of 4
+// private shared-memory stages of 64 bytes a row, in which each lane copies (cp.async) exactly the
+// 16 bytes a row it later reads, so the main loop needs neither a block barrier nor a warp one.
+// Per 16 MMAs a warp reads 4 activation wavefronts where gemm_kernel reads 8 (plus its weights
+// from shared memory). The MMA's k order inside a 64-byte chunk is permuted identically for
+// weights and activations: lane t holds the chunk's elements [E t, E t + E) (E = 16 int8 or 8
+// bf16), and MMA kk of the chunk uses elements E t + 4 kk + {0, 1} as its k pair (2t, 2t + 1) and
+// E t + 4 kk + {2, 3} as (2t + 8, 2t + 9).
+constexpr int kRwWarps = 8;
+constexpr int kRwThreads = 32 * kRwWarps;
+constexpr int kRwRows = 32;      // weight rows of a warp's unit
+constexpr int kRwChunk = 64;     // bytes of a row per stage
+constexpr int kRwStages = 4;
+constexpr int kRwStageBytes = kRwRows * kRwChunk;
+template <typename WT>
+constexpr int kRwXPad = std::is_same_v<WT, int8_t> ? 8 : 32;  // activation row pad (elements): no bank conflicts
+template <typename WT>
+constexpr size_t rw_smem_bytes(int nt, int ks) {
+  return static_cast<size_t>(kRwWarps) * kRwStages * kRwStageBytes +
+         static_cast<size_t>(nt) * 8 * (ks + kRwXPad<WT>) * 2 + static_cast<size_t>(nt) * 8 * sizeof(float);
+}
+
+template <typename WT, int NT>
+__global__ void __launch_bounds__(kRwThreads) gemm_rw_kernel(const void* wbase, int N, int K, int B,
+                                                             const __nv_bfloat16* x, int64_t x_stride, int ks_len,
+                                                             float* ws) {
+  using XT = typename Fmt<WT>::X;
+  constexpr bool kI8 = std::is_same_v<WT, int8_t>;
+  constexpr int KC = kRwChunk / static_cast<int>(sizeof(WT));  // elements of a row per chunk
+  constexpr int E = KC / 4;                                     // a lane's elements of a row per chunk
+  constexpr int NL = E / 8;                                     // 16-byte activation loads per batch tile
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  unsigned char* ring = smem + warp * kRwStages * kRwStageBytes;
+  XT* xs = reinterpret_cast<XT*>(smem + kRwWarps * kRwStages * kRwStageBytes);
+  const int xpitch = ks_len + kRwXPad<WT>;
+  float* xscale = reinterpret_cast<float*>(xs + NT * 8 * xpitch);
+  const int s = blockIdx.y, k0 = s * ks_len, klen = min(ks_len, K - k0);
+  const WT* w = static_cast<const WT*>(wbase);
+  // This warp's units: row groups first, first + stride, ...
+  const int groups = (N + kRwRows - 1) / kRwRows;
+  const int first = blockIdx.x * kRwWarps + warp, stride = gridDim.x * kRwWarps;
+  const int my_units = first < groups ? (groups - 1 - first) / stride + 1 : 0;
+  const int kch = (klen + KC - 1) / KC;
+  const int total = my_units * kch;
+
+  // Chunk `it` of this warp's sequence into its stage it % kRwStages: the lane's 16 bytes of rows
+  // g, g + 8, g + 16, g + 24 (rows past N clamped, columns past the slice zero-filled).
+  auto issue = [&](int it) {
+    if (it < total) {
+      const int rg = first + (it / kch) * stride, kc = it % kch;
+      unsigned char* st = ring + (it % kRwStages) * kRwStageBytes;
+      const int k = kc * KC + t * E;
+      const bool full = k < klen;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = min(rg * kRwRows + g + 8 * i, N - 1);
+        cp_async16(st + (g + 8 * i) * kRwChunk + 16 * t, w + static_cast<int64_t>(n) * K + k0 + (full ? k : 0), full);
+      }
+    }
+    cp_async_commit();
+  };
+  stage_x_slice<NT, kRwThreads>(x, x_stride, B, k0, klen, ks_len, xs, xpitch, tid);
+#pragma unroll
+  for (int i = 0; i < kRwStages - 1; ++i) issue(i);
+  cp_async_wait<kRwStages - 1>();  // the activation group
+  __syncthreads();
+  if constexpr (kI8) convert_x_slice<NT, kRwWarps>(xs, xpitch, ks_len, xscale, warp, lane);
+  __syncthreads();  // the converted slice, for every warp
+
+  float acc[2][NT][4];
+  for (int it = 0; it < total; ++it) {
+    const int kc = it % kch;
+    if (kc == 0) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+    }
+    cp_async_wait<kRwStages - 2>();  // this lane's copies of chunk it have landed (only it reads them)
+    __syncwarp();                    // (and no read of them is moved above the wait)
+    issue(it + kRwStages - 1);       // into the stage this lane finished reading last iteration
+    const unsigned char* st = ring + (it % kRwStages) * kRwStageBytes;
+    uint4 wv[4];  // rows g, g + 8, g + 16, g + 24
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wv[i] = *reinterpret_cast<const uint4*>(st + (g + 8 * i) * kRwChunk + 16 * t);
+#pragma unroll
+    for (int h = 0; h < NL; ++h) {
+      uint4 xv[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        xv[j] = *reinterpret_cast<const uint4*>(xs + (j * 8 + g) * xpitch + kc * KC + E * t + 8 * h);
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        const int kk = 2 * h + k2;
+        // Each row's k pairs for MMA kk: lo = (2t, 2t + 1), hi = (2t + 8, 2t + 9).
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t* wd = reinterpret_cast<const uint32_t*>(&wv[i]);
+          if constexpr (kI8) {
+            const uint32_t u = wd[kk] ^ 0x80808080u;
+            const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+            const uint32_t l = __byte_perm(u, 0x64646464u, 0x5140), hh = __byte_perm(u, 0x64646464u, 0x7362);
+            const __half2 lf = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
+            const __half2 hf = __hsub2(*reinterpret_cast<const __half2*>(&hh), bias);
+            lo[i] = *reinterpret_cast<const uint32_t*>(&lf);
+            hi[i] = *reinterpret_cast<const uint32_t*>(&hf);
+          } else {
+            lo[i] = wd[2 * kk];
+            hi[i] = wd[2 * kk + 1];
+          }
+        }
+        const uint32_t a0[4] = {lo[0], lo[1], hi[0], hi[1]}, a1[4] = {lo[2], lo[3], hi[2], hi[3]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[j]);
+          mma_m16n8k16(acc[0][j], a0, xw[2 * k2], xw[2 * k2 + 1], XT{});
+          mma_m16n8k16(acc[1][j], a1, xw[2 * k2], xw[2 * k2 + 1], XT{});
+        }
+      }
+    }
+    if (kc == kch - 1) {
+      // This unit's partial sums over the slice: ws[s][b][n].
+      const int rg = first + (it / kch) * stride;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int b = j * 8 + 2 * t + (e & 1);
+            const int n = rg * kRwRows + 16 * m + g + (e >= 2 ? 8 : 0);
+            if (b >= B || n >= N) continue;
+            float v = acc[m][j][e];
+            if constexpr (kI8) v *= xscale[b];
+            ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
+          }
     }
   }
   cp_async_wait<0>();
@@ -299,10 +457,13 @@ int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into
 template <typename WT, int NT>
 void set_smem_attr() {
   const size_t need = std::min<size_t>(smem_bytes<WT>(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
+  const size_t need_rw = std::min<size_t>(rw_smem_bytes<WT>(NT, kMaxSlice), static_cast<size_t>(g_smem_optin));
   if (cudaFuncSetAttribute(gemm_kernel<WT, NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(need)) != cudaSuccess ||
       cudaFuncSetAttribute(gemm_kernel<WT, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(need)) != cudaSuccess)
+                           static_cast<int>(need)) != cudaSuccess ||
+      cudaFuncSetAttribute(gemm_rw_kernel<WT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(need_rw)) != cudaSuccess)
     throw std::runtime_error("lm_gemm: cannot set the shared-memory size of the GEMM kernel");
 }
 template <typename WT, int... NT>
@@ -314,7 +475,9 @@ template <typename WT, int NT>
 void launch_nt(dim3 grid, size_t smem, const GemvArgs& a, const __nv_bfloat16* x, int64_t xs, int ks, float* ws,
                cudaStream_t s) {
   const void* w = std::is_same_v<WT, int8_t> ? static_cast<const void*>(a.wi8) : static_cast<const void*>(a.w);
-  if (g_policy == 1 && NT >= 2)
+  if (g_policy == 2)
+    gemm_rw_kernel<WT, NT><<<grid, kRwThreads, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
+  else if (g_policy == 1 && NT >= 2)
     gemm_kernel<WT, NT, 2><<<grid, kThreadsOf<2>, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
   else
     gemm_kernel<WT, NT, 1><<<grid, kThreadsOf<1>, smem, s>>>(w, a.N, a.K, a.B, x, xs, ks, ws);
@@ -367,29 +530,57 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.w8 != nullptr || a.K % 32 != 0) return false;  // fp8 weights, odd K: the chunked GEMV
   if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
   if (a.gemm.ws == nullptr) return false;
-  const int KT = a.wi8 ? Fmt<int8_t>::kKt : Fmt<__nv_bfloat16>::kKt;
   const int sms = g_sms > 0 ? g_sms : 132;
-  const int tiles = (a.N + kTileRows - 1) / kTileRows;
-  // K slices: at least K / max_slice of them (the slice must fit in shared memory), more while the
-  // tiles alone leave SMs idle; then as many tile groups as fill the SMs with one block each.
-  const int kmax = (a.K + KT - 1) / KT;  // k-tiles in all
   const int bmax = std::min(a.B, 8 * kMaxNt);
-  // The longest slice (whole k-tiles, at most kMaxSlice) whose block fits the device's shared memory
-  // at the largest chunk's batch tiles; none: the chunked GEMV.
-  int max_slice = kMaxSlice / KT * KT;
+  const bool rw = g_policy == 2;
   auto smem_of = [&](int nt, int ks_len) {
+    if (rw) return a.wi8 ? rw_smem_bytes<int8_t>(nt, ks_len) : rw_smem_bytes<__nv_bfloat16>(nt, ks_len);
     return a.wi8 ? smem_bytes<int8_t>(nt, ks_len) : smem_bytes<__nv_bfloat16>(nt, ks_len);
   };
+  // KT: the slice's granule (a k-tile of gemm_kernel; for gemm_rw_kernel 64 elements, a whole number
+  // of its chunks that keeps the activation rows' bank pattern).
+  const int KT = rw ? 64 : a.wi8 ? Fmt<int8_t>::kKt : Fmt<__nv_bfloat16>::kKt;
+  const int kmax = (a.K + KT - 1) / KT;  // granules in all
+  // The longest slice (whole granules, at most kMaxSlice) whose block fits the device's shared
+  // memory at the largest chunk's batch tiles; none: the chunked GEMV.
+  int max_slice = kMaxSlice / KT * KT;
   while (max_slice >= KT && smem_of((bmax + 7) / 8, max_slice) > static_cast<size_t>(g_smem_optin)) max_slice -= KT;
   if (max_slice < KT) return false;
   const int s_need = (a.K + max_slice - 1) / max_slice;
   const int s_ws = static_cast<int>(std::min<size_t>(a.gemm.ws_floats / (static_cast<size_t>(bmax) * a.N), kmax));
-  int S = std::min(std::max(s_need, (sms + tiles - 1) / tiles), s_ws);
-  if (S < s_need) return false;  // the partial sums do not fit the scratch
-  const int ks = (kmax + S - 1) / S * KT;  // slice length, a whole number of k-tiles
-  S = (a.K + ks - 1) / ks;
+  if (s_ws < s_need) return false;  // the partial sums do not fit the scratch
+  int S = 0, P = 0, ks = 0;
+  if (!rw) {
+    // K slices: at least K / max_slice of them (the slice must fit in shared memory), more while
+    // the tiles alone leave SMs idle; then as many tile groups as fill the SMs with one block each.
+    const int tiles = (a.N + kTileRows - 1) / kTileRows;
+    S = std::min(std::max(s_need, (sms + tiles - 1) / tiles), s_ws);
+    ks = (kmax + S - 1) / S * KT;  // slice length, a whole number of k-tiles
+    S = (a.K + ks - 1) / ks;
+    P = std::max(1, std::min(tiles, sms / S));
+  } else {
+    // One block an SM: P x S blocks, each warp of a block on row groups of 32 for its slice. The
+    // slice count that minimises the longest warp's chunks, with a small charge per slice for the
+    // partial sums each adds.
+    const int groups = (a.N + kRwRows - 1) / kRwRows;
+    double best = 0;
+    for (int cand = s_need; cand <= std::min(s_ws, sms); ++cand) {
+      const int cks = (kmax + cand - 1) / cand * KT;
+      const int cs = (a.K + cks - 1) / cks;
+      if (cs != cand) continue;  // another count gives this slice length
+      const int cp = std::max(1, std::min(sms / cs, (groups + kRwWarps - 1) / kRwWarps));
+      const int units = (groups + cp * kRwWarps - 1) / (cp * kRwWarps);
+      const double cost = static_cast<double>(units) * cks * (1.0 + cs / 32.0);
+      if (S == 0 || cost < best) {
+        best = cost;
+        S = cs;
+        P = cp;
+        ks = cks;
+      }
+    }
+    if (S == 0) return false;
+  }
   if (ks > max_slice) return false;
-  const int P = std::max(1, std::min(tiles, sms / S));
   const __nv_bfloat16* x = a.x;
   int64_t xs = a.x_stride;
   if (in != GemvIn::kPlain) {

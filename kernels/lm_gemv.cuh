@@ -75,7 +75,8 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
 // 2026-12-03 v12), whatever the wave count. Not thread-safe; not for serving code.
 void gemv_set_grid_policy(int policy);
 // Measurement hook (personaplex-bench-kernels --gemm-policy): which batched GEMM kernel runs B >
-// kMaxGemvBatch; 0 (default) the shipped one. Not thread-safe; not for serving code.
+// kMaxGemvBatch; 0 (default) the shipped one; 1 and 2 experiments (lm_gemm.cu: 16 warps a block;
+// gemm_rw_kernel). Not thread-safe; not for serving code.
 void gemm_set_policy(int policy);
 
 }  // namespace ppx::kern

@@ -368,7 +368,7 @@ TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
       {GemvIn::kPlain, GemvOut::kStore, 200, 1040},
   };
   // Every kernel variant (personaplex-bench-kernels --gemm-policy) against the same references.
-  for (int policy : {0, 1}) {
+  for (int policy : {0, 1, 2}) {
     SCOPED_TRACE(testing::Message() << "gemm policy " << policy);
     kern::gemm_set_policy(policy);
     for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});
