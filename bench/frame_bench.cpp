@@ -51,6 +51,9 @@
 #include <random>
 #include <thread>
 
+#if defined(PPX_HAVE_CUDA)
+#include "lm_gemv.cuh"  // kern::gemm_set_policy (--gemm-policy)
+#endif
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "apps/png_plot.h"
@@ -78,6 +81,8 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
   return prompt;
 }
 
+int g_gemm_policy = 0;  // --gemm-policy
+
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
 nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedModel& m,
                                    const ppx::app::ModelFlags& mf) {
@@ -88,6 +93,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
   j["flags"] = {{"dep_steps", m.dep_steps < 0 ? m.cfg.lm->dep_q : m.dep_steps},
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
+  if (g_gemm_policy != 0) j["gemm_policy"] = g_gemm_policy;
   return j;
 }
 
@@ -547,6 +553,12 @@ int bench(int argc, char** argv) {
   app.add_flag("--per-session-codec", per_session_codec,
                "with --sessions or --sweep: each session runs its own codec stream on its thread instead of "
                "the batched codec scheduler (the server's --per-session-codec)");
+  int gemm_policy = 0;
+  app.add_option("--gemm-policy", gemm_policy,
+                 "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
+                 "shipped one, 1-2 experiments); CUDA builds only")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 2));
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
@@ -556,6 +568,12 @@ int bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+#if defined(PPX_HAVE_CUDA)
+  ppx::kern::gemm_set_policy(gemm_policy);  // before the LM batch captures its graphs
+  g_gemm_policy = gemm_policy;
+#else
+  if (gemm_policy != 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
+#endif
   if (!sweep.empty()) {
     if (sessions > 0 || soak_minutes > 0 || !batch_sizes.empty())
       throw ppx::Error("--sweep cannot be combined with --sessions, --lm-batch or --soak");
