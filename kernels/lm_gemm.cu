@@ -560,8 +560,10 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     P = std::max(1, std::min(tiles, sms / S));
   } else {
     // One block an SM: P x S blocks, each warp of a block on row groups of 32 for its slice. The
-    // slice count that minimises the longest warp's chunks, with a small charge per slice for the
-    // partial sums each adds.
+    // slice count with the least estimated time: the longest warp's chunks (~0.5 us a 64-wide
+    // chunk, 8 warps an SM streaming ~16 KB per round) plus the partial sums it writes and the
+    // epilogue reads back (S x B x N floats, ~3 TB/s). Estimates to be measured, not fitted.
+    constexpr double kChunkUs = 0.5, kPartialBytesPerUs = 3e6;
     const int groups = (a.N + kRwRows - 1) / kRwRows;
     double best = 0;
     for (int cand = s_need; cand <= std::min(s_ws, sms); ++cand) {
@@ -570,7 +572,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (cs != cand) continue;  // another count gives this slice length
       const int cp = std::max(1, std::min(sms / cs, (groups + kRwWarps - 1) / kRwWarps));
       const int units = (groups + cp * kRwWarps - 1) / (cp * kRwWarps);
-      const double cost = static_cast<double>(units) * cks * (1.0 + cs / 32.0);
+      const double cost = static_cast<double>(units) * (cks / KT) * kChunkUs +
+                          static_cast<double>(cs) * bmax * a.N * 8.0 / kPartialBytesPerUs;
       if (S == 0 || cost < best) {
         best = cost;
         S = cs;
