@@ -355,8 +355,8 @@ TEST(CudaGemv8, Int8MatchesHostReferenceOnModelShapes) {
 
 // Batches above 4 with a staging buffer run as the tensor-core GEMM (lm_gemm.cu), int8 and bf16
 // weights, every prologue and epilogue, partial row tiles (N = 40) and batch tiles (B = 5, 13), more
-// than 64 rows (two launches), and K % 32 != 0 (the chunked GEMV instead): held to the same host
-// references as the GEMV.
+// than 64 rows (two launches), a last K slice that ends inside a 64-wide chunk (K = 4128), and
+// K % 32 != 0 (the chunked GEMV instead): held to the same host references as the GEMV.
 TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
   SKIP_WITHOUT_GPU();
   kern::gemv_init();
@@ -365,7 +365,7 @@ TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
       {GemvIn::kSiluGate, GemvOut::kResidual, 40, 96},   {GemvIn::kPlain, GemvOut::kGateUp, 40, 96},
       {GemvIn::kRmsNorm, GemvOut::kStore, 4096, 4096},   {GemvIn::kRmsNorm, GemvOut::kGateUp, 11264 * 2, 4096},
       {GemvIn::kPlain, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 2048, 1024},
-      {GemvIn::kPlain, GemvOut::kStore, 200, 1040},
+      {GemvIn::kPlain, GemvOut::kStore, 200, 1040},      {GemvIn::kRmsNorm, GemvOut::kStore, 300, 4128},
   };
   // Every kernel variant (personaplex-bench-kernels --gemm-policy) against the same references.
   for (int policy : {0, 1, 2}) {
