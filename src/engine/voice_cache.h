@@ -3,7 +3,8 @@
 //
 // Preparing a voice is host work on the session's start path: a .pt voice is parsed, an audio
 // voice is decoded, resampled to the model rate and loudness-normalised (a 232-second WAV took
-// ~210 ms on one core of the development VM), and either is hashed for the prompt cache key. With
+// ~207 ms on one core of the development VM, and 19 ms more to hash), and either is hashed for the
+// prompt cache key (bench/results/cpu_2026-12-05_v26). With
 // the prompt cache a known prompt otherwise starts in a few milliseconds, so without this cache
 // the voice preparation would dominate a cached start.
 //
