@@ -11,7 +11,8 @@
 #   GEMM_BATCHES ["16 32 64 128"]
 #   NCU_SHAPES ["temporal qkv;depformer qkv"]  ';'-separated; "" skips the profiles
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
-#   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"])
+#   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
+#                             [0]: steps that fill the contexts first, 2999 for issue #14's full-context step)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
@@ -56,7 +57,7 @@ for e in "${lm_runs[@]}"; do
   IFS=':' read -r name flags <<<"$e"
   # shellcheck disable=SC2086
   timeout 300 "$B/personaplex-bench" --device cuda --random-weights $flags --lm-batch ${LM_BATCH:-16 64 128} \
-    --frames "${FRAMES:-30}" --warmup 5 --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
+    ${PREFILL:+--prefill "$PREFILL"} --frames "${FRAMES:-30}" --warmup 5 --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
   note "lm_batch $name rc=$?"
   grep -E "batch|step" "$raw/lm_batch_$name.log" | tail -8 >>"$summary"
 done
