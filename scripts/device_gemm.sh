@@ -47,6 +47,9 @@ for sh in "${ncu_shapes[@]}"; do
     --gemm-batches "${NCU_B:-64}" --gemm-shapes "$sh" >"$raw/ncu_$i.log" 2>&1
   note "ncu policy $pol '$sh' rc=$?"
   ncu --import "$raw/ncu_$i.ncu-rep" --page details >"$raw/ncu_$i.txt" 2>&1
+  ncu --import "$raw/ncu_$i.ncu-rep" --page raw >"$raw/ncu_${i}_raw.txt" 2>&1  # every metric (stall reasons)
+  grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" "$raw/ncu_${i}_raw.txt" |
+    sort -k3 -g -r | head -6 | sed "s/^/  [p$pol $sh stall] /" >>"$summary"
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Shared Memory.*Throughput|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued" \
     "$raw/ncu_$i.txt" | head -30 | sed "s/^/  [p$pol $sh] /" >>"$summary"
 done
