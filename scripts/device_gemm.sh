@@ -9,6 +9,7 @@
 #   TESTS [1]                 0 skips the CUDA suite (GTEST_FILTER narrows it)
 #   GEMM_POLICIES ["0"]       values of --gemm-policy for the gemm section
 #   GEMM_BATCHES ["16 32 64 128"]
+#   TIME_BUDGET_S [500]       a step that would start past this many seconds is skipped
 #   NCU_SHAPES ["temporal qkv;depformer qkv"]  ';'-separated; "" skips the profiles
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
 #   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
@@ -22,6 +23,10 @@ raw=/tmp/raw
 mkdir -p "$raw"
 : >"$summary"
 note() { echo "$* ($(( $(date +%s) - t0 )) s)" | tee -a "$summary"; }
+budget=${TIME_BUDGET_S:-500}
+late() { [ $(( $(date +%s) - t0 )) -gt "$budget" ]; }
+# The archive is written however the script ends (a step past the device tool's limit included).
+trap 'tar -czf "$OUT/results.tar.gz" -C "$raw" . 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$raw/gpu.txt" 2>&1
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 300 "$B/ppx_cuda_tests" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} >"$raw/cuda_tests.log" 2>&1
@@ -29,6 +34,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "PASSED|FAILED|prefill vs|batched teacher" "$raw/cuda_tests.log" | head -20 >>"$summary"
 fi
 for p in ${GEMM_POLICIES:-0}; do
+  late && { note "kernels gemm policy $p skipped (time budget)"; continue; }
   # shellcheck disable=SC2086
   timeout 240 "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$p" --gemm-batches ${GEMM_BATCHES:-16 32 64 128} \
     --out "$raw/kernels_gemm_p$p.json" >"$raw/kernels_gemm_p$p.log" 2>&1
@@ -41,6 +47,7 @@ for pol in ${NCU_POLICIES:-0}; do
 for sh in "${ncu_shapes[@]}"; do
   [ -n "$sh" ] || continue
   i=$((i + 1))
+  late && { note "ncu policy $pol '$sh' skipped (time budget)"; continue; }
   # The bf16 kernels run first (50 launches x 6 graph replays), then the int8 ones: skip past them.
   timeout 240 ncu --clock-control none --kernel-name regex:gemm_kernel --launch-skip 310 --launch-count 1 \
     --set full -o "$raw/ncu_$i" "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$pol" \
@@ -58,10 +65,10 @@ IFS=';' read -r -a lm_runs <<<"${LM_RUNS-fast:--fast}"
 for e in "${lm_runs[@]}"; do
   [ -n "$e" ] || continue
   IFS=':' read -r name flags <<<"$e"
+  late && { note "lm_batch $name skipped (time budget)"; continue; }
   # shellcheck disable=SC2086
   timeout 300 "$B/personaplex-bench" --device cuda --random-weights $flags --lm-batch ${LM_BATCH:-16 64 128} \
     ${PREFILL:+--prefill "$PREFILL"} --frames "${FRAMES:-30}" --warmup 5 --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
   note "lm_batch $name rc=$?"
   grep -E "batch|step" "$raw/lm_batch_$name.log" | tail -8 >>"$summary"
 done
-tar -czf "$OUT/results.tar.gz" -C "$raw" .
