@@ -94,18 +94,37 @@ __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, __nv
   w[2] = v.z;
   w[3] = v.w;
 }
-// int8 -> fp16: the byte x + 128 under the exponent of 1024 is the fp16 1024 + x + 128; minus 1152.
+// Four int8 values x, given as the bytes x + 128 (the word ^ 0x80808080, first value in the low
+// byte) -> two fp16 pairs, exact: lo = values 0, 1 and hi = values 2, 3 (first in the low half). The
+// byte x + 128 under the exponent of 1024 is the fp16 1024 + x + 128; minus 1152.
+__device__ __forceinline__ void int8x4_to_half2x2(uint32_t u, uint32_t& lo, uint32_t& hi) {
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  const uint32_t l = __byte_perm(u, 0x64646464u, 0x5140), h = __byte_perm(u, 0x64646464u, 0x7362);
+  const __half2 lf = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
+  const __half2 hf = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+  lo = *reinterpret_cast<const uint32_t*>(&lf);
+  hi = *reinterpret_cast<const uint32_t*>(&hf);
+}
 __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8_t) {
   const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
   const uint32_t u[2] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t lo = __byte_perm(u[i], 0x64646464u, 0x5140), hi = __byte_perm(u[i], 0x64646464u, 0x7362);
-    const __half2 l = __hsub2(*reinterpret_cast<const __half2*>(&lo), bias);
-    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&hi), bias);
-    w[2 * i] = *reinterpret_cast<const uint32_t*>(&l);
-    w[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&h);
+  for (int i = 0; i < 2; ++i) int8x4_to_half2x2(u[i], w[2 * i], w[2 * i + 1]);
+}
+
+// One m16n8 accumulator tile's partial sums into ws[s][b][n]: rows n0 + g (c[0], c[1]) and
+// n0 + g + 8 (c[2], c[3]), batch columns b0 + 2t and + 1; outside B x N skipped; for int8 weights
+// times the batch row's activation scale.
+template <bool kI8>
+__device__ __forceinline__ void store_partial(float* ws, const float* c, int s, int B, int N, int b0, int n0, int g,
+                                              int t, const float* xscale) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int b = b0 + 2 * t + (e & 1), n = n0 + g + (e >= 2 ? 8 : 0);
+    if (b >= B || n >= N) continue;
+    float v = c[e];
+    if constexpr (kI8) v *= xscale[b];
+    ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
   }
 }
 
@@ -247,17 +266,8 @@ __global__ void __launch_bounds__(kThreadsOf<CG>) gemm_kernel(const void* wbase,
       // This tile's partial sums over the slice: ws[s][b][n].
       const int tile = blockIdx.x + (it / ktiles) * gridDim.x;
 #pragma unroll
-      for (int j = 0; j < NTW; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int b = (j0 + j) * 8 + 2 * t + (e & 1);
-          const int n = tile * kTileRows + rg * 16 + g + (e >= 2 ? 8 : 0);
-          if (b >= B || n >= N) continue;
-          float v = acc[j][e];
-          if constexpr (kI8) v *= xscale[b];
-          ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
-        }
-      }
+      for (int j = 0; j < NTW; ++j)
+        store_partial<kI8>(ws, acc[j], s, B, N, (j0 + j) * 8, tile * kTileRows + rg * 16, g, t, xscale);
     }
   }
   cp_async_wait<0>();
@@ -369,13 +379,7 @@ __global__ void __launch_bounds__(kRwThreads) gemm_rw_kernel(const void* wbase, 
         for (int i = 0; i < 4; ++i) {
           const uint32_t* wd = reinterpret_cast<const uint32_t*>(&wv[i]);
           if constexpr (kI8) {
-            const uint32_t u = wd[kk] ^ 0x80808080u;
-            const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
-            const uint32_t l = __byte_perm(u, 0x64646464u, 0x5140), hh = __byte_perm(u, 0x64646464u, 0x7362);
-            const __half2 lf = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
-            const __half2 hf = __hsub2(*reinterpret_cast<const __half2*>(&hh), bias);
-            lo[i] = *reinterpret_cast<const uint32_t*>(&lf);
-            hi[i] = *reinterpret_cast<const uint32_t*>(&hf);
+            int8x4_to_half2x2(wd[kk] ^ 0x80808080u, lo[i], hi[i]);
           } else {
             lo[i] = wd[2 * kk];
             hi[i] = wd[2 * kk + 1];
@@ -397,15 +401,7 @@ __global__ void __launch_bounds__(kRwThreads) gemm_rw_kernel(const void* wbase, 
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int b = j * 8 + 2 * t + (e & 1);
-            const int n = rg * kRwRows + 16 * m + g + (e >= 2 ? 8 : 0);
-            if (b >= B || n >= N) continue;
-            float v = acc[m][j][e];
-            if constexpr (kI8) v *= xscale[b];
-            ws[(static_cast<int64_t>(s) * B + b) * N + n] = v;
-          }
+          store_partial<kI8>(ws, acc[m][j], s, B, N, j * 8, rg * kRwRows + 16 * m, g, t, xscale);
     }
   }
   cp_async_wait<0>();
