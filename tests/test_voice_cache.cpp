@@ -45,24 +45,24 @@ TEST(VoiceCache, PreparesAVoiceOnceWhileItsFileIsUnchanged) {
   EXPECT_EQ(st.hits, 1u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.entries, 1u);
-  EXPECT_EQ(st.bytes, a->audio.size() * sizeof(float));
+  EXPECT_EQ(st.bytes, a->prompt.voice_audio.size() * sizeof(float));
   // What preparing it directly gives, and the digest of that voice.
-  EXPECT_EQ(a->audio, prepare_voice_audio(path, kRate, kFrame));
-  EXPECT_FALSE(a->embeddings);
+  EXPECT_EQ(a->prompt.voice_audio, prepare_voice_audio(path, kRate, kFrame));
+  EXPECT_FALSE(a->prompt.voice);
   SystemPrompt p;
-  p.voice_audio = a->audio;
-  EXPECT_EQ(a->digest, voice_prompt_digest(p));
+  p.voice_audio = a->prompt.voice_audio;
+  EXPECT_EQ(a->prompt.voice_digest, voice_prompt_digest(p));
 }
 
 TEST(VoiceCache, PtVoicesAreKeptWithTheirDigest) {
   VoiceCache c(size_t{64} << 20);
   const auto v = c.get(test::data("voice_tiny_a.pt"), kRate, kFrame);
-  ASSERT_TRUE(v->embeddings);
-  EXPECT_TRUE(v->audio.empty());
+  ASSERT_TRUE(v->prompt.voice);
+  EXPECT_TRUE(v->prompt.voice_audio.empty());
   SystemPrompt p;
   p.voice = load_voice_embeddings(test::data("voice_tiny_a.pt"));
-  EXPECT_EQ(v->digest, voice_prompt_digest(p));
-  EXPECT_EQ(v->embeddings->embeddings, p.voice->embeddings);
+  EXPECT_EQ(v->prompt.voice_digest, voice_prompt_digest(p));
+  EXPECT_EQ(v->prompt.voice->embeddings, p.voice->embeddings);
   EXPECT_EQ(c.get(test::data("voice_tiny_a.pt"), kRate, kFrame).get(), v.get());
 }
 
@@ -73,8 +73,8 @@ TEST(VoiceCache, AReplacedFileIsPreparedAgain) {
   write_voice("voice_replaced.wav", 2.0, 240.0);  // another size (the time may not move)
   const auto b = c.get(path, kRate, kFrame);
   EXPECT_NE(a.get(), b.get());
-  EXPECT_GT(b->audio.size(), a->audio.size());
-  EXPECT_NE(a->digest, b->digest);
+  EXPECT_GT(b->prompt.voice_audio.size(), a->prompt.voice_audio.size());
+  EXPECT_NE(a->prompt.voice_digest, b->prompt.voice_digest);
   EXPECT_EQ(c.stats().entries, 1u);  // the stale version left
   EXPECT_EQ(c.get(path, kRate, kFrame).get(), b.get());
 }
@@ -100,7 +100,7 @@ TEST(VoiceCache, LeastRecentlyUsedVoicesLeaveBeyondTheCap) {
   // A voice larger than the whole cap is prepared for its caller and not kept.
   VoiceCache small(one / 2);
   const auto big = small.get(p1, kRate, kFrame);
-  EXPECT_FALSE(big->audio.empty());
+  EXPECT_FALSE(big->prompt.voice_audio.empty());
   EXPECT_EQ(small.stats().entries, 0u);
   EXPECT_EQ(small.stats().bytes, 0u);
 }
@@ -124,7 +124,7 @@ TEST(VoiceCache, PromptKeyIsTheSameWithTheCarriedDigest) {
   LmGenConfig gen;
   SystemPrompt with, without;
   set_prompt_voice(with, *v);
-  without.voice_audio = v->audio;
+  without.voice_audio = v->prompt.voice_audio;
   with.text_tokens = without.text_tokens = {1, 2, 3};
   EXPECT_FALSE(with.voice_digest.empty());
   EXPECT_TRUE(without.voice_digest.empty());

@@ -37,6 +37,11 @@ struct SystemPrompt {
   std::string voice_digest;
 };
 
+// Reads the voice prompt at `path` into p: a ".pt" voice file into p.voice (load_voice_embeddings),
+// any other file as audio into p.voice_audio (prepare_voice_audio at sample_rate, padded to whole
+// frames of frame_samples). Throws ppx::Error as those do.
+void load_voice_prompt(SystemPrompt& p, const std::string& path, int sample_rate, int frame_samples);
+
 // Steps the system prompts would take (voice frames + silences + text tokens).
 int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silence_frames);
 

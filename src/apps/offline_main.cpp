@@ -77,13 +77,7 @@ int offline(int argc, char** argv) {
   std::vector<float> user = ppx::resample(ppx::take_channel(in, 0), in.sample_rate, sr);
   const size_t n_out = user.size();
   ppx::SystemPrompt prompt;
-  if (!voice_path.empty()) {
-    if (voice_path.size() > 3 && voice_path.compare(voice_path.size() - 3, 3, ".pt") == 0) {
-      prompt.voice = ppx::load_voice_embeddings(voice_path);
-    } else {
-      prompt.voice_audio = ppx::prepare_voice_audio(voice_path, sr, fs);
-    }
-  }
+  if (!voice_path.empty()) ppx::load_voice_prompt(prompt, voice_path, sr, fs);
   const std::string wrapped = ppx::wrap_system_prompt(text_prompt);
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
 

@@ -33,6 +33,13 @@ VoiceEmbeddings load_voice_embeddings(const std::string& path) {
   return v;
 }
 
+void load_voice_prompt(SystemPrompt& p, const std::string& path, int sample_rate, int frame_samples) {
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".pt") == 0)
+    p.voice = load_voice_embeddings(path);
+  else
+    p.voice_audio = prepare_voice_audio(path, sample_rate, frame_samples);
+}
+
 int64_t system_prompt_steps(const SystemPrompt& p, int frame_samples, int silence_frames) {
   int64_t voice = 0;
   if (p.voice) voice = p.voice->n + 1;

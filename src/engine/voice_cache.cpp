@@ -4,38 +4,23 @@
 #include <system_error>
 
 #include "engine/prompt_cache.h"
-#include "ppx/audio.h"
 
 namespace ppx {
 
-namespace {
-
-bool ends_with_pt(const std::string& path) {
-  return path.size() > 3 && path.compare(path.size() - 3, 3, ".pt") == 0;
-}
-
-}  // namespace
-
 PreparedVoice prepare_voice(const std::string& path, int sample_rate, int frame_samples) {
-  SystemPrompt p;
-  if (ends_with_pt(path))
-    p.voice = load_voice_embeddings(path);
-  else
-    p.voice_audio = prepare_voice_audio(path, sample_rate, frame_samples);
   PreparedVoice v;
-  v.digest = voice_prompt_digest(p);
-  v.embeddings = std::move(p.voice);
-  v.audio = std::move(p.voice_audio);
-  v.bytes = v.audio.size() * sizeof(float);
-  if (v.embeddings)
-    v.bytes += v.embeddings->embeddings.size() * sizeof(float) + v.embeddings->cache.size() * sizeof(int64_t);
+  SystemPrompt& p = v.prompt;
+  load_voice_prompt(p, path, sample_rate, frame_samples);
+  p.voice_digest = voice_prompt_digest(p);
+  v.bytes = p.voice_audio.size() * sizeof(float);
+  if (p.voice) v.bytes += p.voice->embeddings.size() * sizeof(float) + p.voice->cache.size() * sizeof(int64_t);
   return v;
 }
 
 void set_prompt_voice(SystemPrompt& p, const PreparedVoice& v) {
-  p.voice = v.embeddings;
-  p.voice_audio = v.audio;
-  p.voice_digest = v.digest;
+  p.voice = v.prompt.voice;
+  p.voice_audio = v.prompt.voice_audio;
+  p.voice_digest = v.prompt.voice_digest;
 }
 
 std::shared_ptr<const PreparedVoice> VoiceCache::get(const std::string& path, int sample_rate, int frame_samples) {
@@ -60,9 +45,10 @@ std::shared_ptr<const PreparedVoice> VoiceCache::get(const std::string& path, in
   auto v = std::make_shared<const PreparedVoice>(prepare_voice(path, sample_rate, frame_samples));
   if (key.empty() || v->bytes > cap_) return v;
   std::lock_guard<std::mutex> lk(mu_);
-  // The same file prepared by another session meanwhile, or an older version of it: replaced.
+  // The same file prepared by another session meanwhile, or an older version of it (a key of the
+  // same path): replaced.
   for (auto it = lru_.begin(); it != lru_.end();) {
-    if (it->key == key || it->key.compare(0, path.size() + 1, path + '\n') == 0) {
+    if (it->key.compare(0, path.size() + 1, path + '\n') == 0) {
       stats_.bytes -= it->voice->bytes;
       it = lru_.erase(it);
     } else {

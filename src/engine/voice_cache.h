@@ -20,9 +20,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "ppx/conversation.h"
 
@@ -33,14 +31,11 @@ namespace ppx {
 inline constexpr size_t kVoiceCacheBytes = size_t{256} << 20;
 
 struct PreparedVoice {
-  std::optional<VoiceEmbeddings> embeddings;  // a .pt voice, or
-  std::vector<float> audio;                   // audio at the model rate, normalised (prepare_voice_audio)
-  std::string digest;                         // voice_prompt_digest() of the above
-  size_t bytes = 0;                           // what the entry holds
+  SystemPrompt prompt;  // the voice (load_voice_prompt) and its voice_digest; no text tokens
+  size_t bytes = 0;     // what the voice holds
 };
 
-// Reads `path` as a voice prompt: a ".pt" voice file (load_voice_embeddings) or an audio file
-// (prepare_voice_audio at sample_rate, in frames of frame_samples). Throws ppx::Error as those do.
+// load_voice_prompt() and the voice's digest. Throws ppx::Error as load_voice_prompt does.
 PreparedVoice prepare_voice(const std::string& path, int sample_rate, int frame_samples);
 
 // Copies a prepared voice into a system prompt (its voice fields and digest).

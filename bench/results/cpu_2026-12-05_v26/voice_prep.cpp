@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,9 @@ double median_ms(int reps, F&& f) {
 int main() {
   constexpr int kRate = 24000, kFrame = 1920;
   for (const double seconds : {232.0, 10.0}) {
-    const std::string path = "/tmp/voice_prep_" + std::to_string(static_cast<int>(seconds)) + ".wav";
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("voice_prep_" + std::to_string(static_cast<int>(seconds)) + ".wav"))
+            .string();
     std::vector<float> x(static_cast<size_t>(seconds * kRate));
     double phase = 0;
     for (size_t i = 0; i < x.size(); ++i) {
