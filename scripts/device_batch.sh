@@ -9,7 +9,7 @@
 #   TESTS [1]                    0 skips the CUDA suite (GTEST_FILTER narrows it)
 #   KERNELS ["attention-batch gemm"]  personaplex-bench-kernels sections
 #   LM_BATCH ["1 4 16 64"]       batch sizes of the --lm-batch runs
-#   LM_RUNS ["fast:--fast"]      ';'-separated "NAME:FLAGS" --lm-batch runs
+#   LM_RUNS ["fast:--fast"]      ';'-separated "NAME:FLAGS" --lm-batch runs (PREFILL [none]: steps first)
 #   SESSION_RUNS [""]            ';'-separated "NAME:N:FLAGS" --sessions runs
 #   FRAMES [50], WARMUP [5]      timed and warm-up steps
 #   TIME_BUDGET_S [540]          a run that would start past this is skipped
@@ -38,16 +38,7 @@ for k in ${KERNELS-attention-batch gemm}; do
   note "kernels $k rc=$?"
   grep -E "^attention|B= *64|B=128" "$raw/kernels_$k.log" | head -60 >>"$summary"
 done
-IFS=';' read -r -a lm_runs <<<"${LM_RUNS-fast:--fast}"
-for e in "${lm_runs[@]}"; do
-  [ -n "$e" ] || continue
-  IFS=':' read -r name flags <<<"$e"
-  late && { note "lm_batch $name skipped (time budget)"; continue; }
-  # shellcheck disable=SC2086
-  timeout 300 "$B/personaplex-bench" --device cuda --random-weights $flags --lm-batch ${LM_BATCH:-1 4 16 64} \
-    --frames "$frames" --warmup "$warmup" --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
-  note "lm_batch $name rc=$?"
-done
+lm_batch_runs "1 4 16 64"
 IFS=';' read -r -a s_runs <<<"${SESSION_RUNS:-}"
 for e in "${s_runs[@]}"; do
   [ -n "$e" ] || continue

@@ -61,14 +61,7 @@ for sh in "${ncu_shapes[@]}"; do
     "$raw/ncu_$i.txt" | head -30 | sed "s/^/  [p$pol $sh] /" >>"$summary"
 done
 done
-IFS=';' read -r -a lm_runs <<<"${LM_RUNS-fast:--fast}"
-for e in "${lm_runs[@]}"; do
-  [ -n "$e" ] || continue
-  IFS=':' read -r name flags <<<"$e"
-  late && { note "lm_batch $name skipped (time budget)"; continue; }
-  # shellcheck disable=SC2086
-  timeout 300 "$B/personaplex-bench" --device cuda --random-weights $flags --lm-batch ${LM_BATCH:-16 64 128} \
-    ${PREFILL:+--prefill "$PREFILL"} --frames "${FRAMES:-30}" --warmup 5 --out "$raw/lm_batch_$name.json" >"$raw/lm_batch_$name.log" 2>&1
-  note "lm_batch $name rc=$?"
-  grep -E "batch|step" "$raw/lm_batch_$name.log" | tail -8 >>"$summary"
-done
+frames=${FRAMES:-30}
+warmup=5
+lm_batch_runs "16 64 128"
+grep -hE "batch|step" "$raw"/lm_batch_*.log 2>/dev/null | tail -24 >>"$summary"
