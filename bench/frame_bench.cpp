@@ -52,7 +52,8 @@
 #include <thread>
 
 #if defined(PPX_HAVE_CUDA)
-#include "lm_gemv.cuh"  // kern::gemm_set_policy (--gemm-policy)
+#include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
+#include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
 #include "apps/common.h"
 #include "apps/model_loading.h"
@@ -81,7 +82,8 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
   return prompt;
 }
 
-int g_gemm_policy = 0;  // --gemm-policy
+int g_gemm_policy = 0;     // --gemm-policy
+int g_mimi_blas_rows = 0;  // --mimi-blas-rows
 
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
 nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedModel& m,
@@ -94,6 +96,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy != 0) j["gemm_policy"] = g_gemm_policy;
+  if (g_mimi_blas_rows != 0) j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
 }
 
@@ -559,6 +562,13 @@ int bench(int argc, char** argv) {
                  "shipped one, 1-2 experiments); CUDA builds only")
       ->capture_default_str()
       ->check(CLI::Range(0, 2));
+  int mimi_blas_rows = 0;
+  app.add_option("--mimi-blas-rows", mimi_blas_rows,
+                 "measurement hook, with --mimi-fp16 (or --fast): in codec batches of at least this many rows (2 or "
+                 "more), the transformer linears and the short convolutions as TF32 cuBLAS GEMMs "
+                 "(personaplex-bench-mimi --mimi-blas-rows; 0: off); CUDA builds only")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
@@ -568,11 +578,15 @@ int bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (mimi_blas_rows != 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
 #if defined(PPX_HAVE_CUDA)
   ppx::kern::gemm_set_policy(gemm_policy);  // before the LM batch captures its graphs
   g_gemm_policy = gemm_policy;
+  ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
+  g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();   // as it applies (1 counts as 2)
 #else
   if (gemm_policy != 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
+  if (mimi_blas_rows != 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif
   if (!sweep.empty()) {
     if (sessions > 0 || soak_minutes > 0 || !batch_sizes.empty())

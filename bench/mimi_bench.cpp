@@ -186,6 +186,13 @@ int bench(int argc, char** argv) {
   app.add_flag("--mimi-fp16", fp16, "with --device cuda: the fp16 tensor-core convolutions (CudaOptions::mimi_fp16)");
   app.add_flag("--mimi-fp16-always", fp16_always,
                "with --mimi-fp16: tensor cores in every launch, also those it leaves in fp32 (small batches)");
+  int blas_rows = 0;
+  app.add_option("--mimi-blas-rows", blas_rows,
+                 "measurement hook, with --mimi-fp16 and --batch: in launches of at least this many rows (2 or "
+                 "more), the transformer linears and the short convolutions as TF32 cuBLAS GEMMs "
+                 "(cuda::set_mimi_blas_rows; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -200,6 +207,12 @@ int bench(int argc, char** argv) {
   }
   if (fp16 && device != "cuda") throw ppx::Error("--mimi-fp16 needs --device cuda");
   if (fp16_always && !fp16) throw ppx::Error("--mimi-fp16-always needs --mimi-fp16");
+  if (blas_rows > 0 && !fp16) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16");
+  if (blas_rows > 0 && batch_sizes.empty()) throw ppx::Error("--mimi-blas-rows needs --batch (one row never uses it)");
+#ifdef PPX_HAVE_CUDA
+  ppx::cuda::set_mimi_blas_rows(blas_rows);  // before any CudaMimi is built
+  blas_rows = ppx::cuda::mimi_blas_rows();   // as it applies (1 counts as 2)
+#endif
   if (!batch_sizes.empty()) {
     if (device != "cuda") throw ppx::Error("--batch needs --device cuda");
 #ifdef PPX_HAVE_CUDA
@@ -207,6 +220,7 @@ int bench(int argc, char** argv) {
     j["bench"] = fp16 ? "mimi_cuda_fp16_batched" : "mimi_cuda_fp32_batched";
     j["mimi_fp16"] = fp16;
     j["mimi_fp16_always"] = fp16_always;
+    j["mimi_blas_rows"] = blas_rows;
     j["config"] = config;
     j["weights"] = weights.empty() ? "random" : weights;
     j["frames"] = frames;
@@ -258,6 +272,7 @@ int bench(int argc, char** argv) {
   j["bench"] = device == "cuda" ? (fp16 ? "mimi_cuda_fp16_graph" : "mimi_cuda_fp32_graph") : "mimi_cpu_fp32";
   j["mimi_fp16"] = fp16;
   j["mimi_fp16_always"] = fp16_always;
+  j["mimi_blas_rows"] = blas_rows;
   j["config"] = config;
   j["weights"] = weights.empty() ? "random" : weights;
   j["device"] = device;

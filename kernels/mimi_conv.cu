@@ -435,6 +435,42 @@ __global__ void __launch_bounds__(128) conv_mma_kernel(ConvParams p, Batch batch
   }
 }
 
+// conv_im2col (see mimi_conv.cuh): grid (ceil(max(tn * kred, cin * ctx) / 256), B), block 256.
+// Thread e of row b writes element e of the row's columns [tn][kred] (x' as conv_mma gathers it)
+// and, for e < cin * ctx, element e of the slot's new history.
+__global__ void __launch_bounds__(256) conv_im2col_kernel(ConvParams p, float* x, Batch batch) {
+  const int b = blockIdx.y, slot = batch.slots[b];
+  const int e = blockIdx.x * 256 + threadIdx.x;
+  const int S = p.stride, taps = p.transposed ? 2 : p.kernel, kred = p.cin * taps;
+  const int tn = p.transposed ? p.t_in : p.t_in / S;
+  pdl_wait();
+  float* hist_w;
+  const Src src = make_src(p, b, slot, &hist_w);
+  if (e < tn * kred) {
+    const int n = e / kred, k = e - n * kred, i = k / taps, j = k - i * taps;
+    const int m = p.transposed ? n + 1 - j : n * S + j;
+    x[static_cast<long long>(b) * tn * kred + e] = src.load(i, m);
+  }
+  if (e < p.cin * src.ctx) {
+    const int i = e / src.ctx, m = e - i * src.ctx;
+    hist_w[e] = src.load(i, p.t_in + m);
+  }
+}
+
+// conv_gemm_epilogue: grid (ceil(tn * rows / 256), B), block 256; element (n, row) of row b's
+// product c [B * tn][rows] through store_output, as conv_mma's epilogue.
+__global__ void __launch_bounds__(256) conv_gemm_epilogue_kernel(ConvParams p, const float* c, Batch batch) {
+  const int b = blockIdx.y, slot = batch.slots[b];
+  const int e = blockIdx.x * 256 + threadIdx.x;
+  const int S = p.stride, M = p.transposed ? S * p.cout : p.cout;
+  const int tn = p.transposed ? p.t_in : p.t_in / S;
+  pdl_wait();
+  if (e >= tn * M) return;
+  const int n = e / M, mrow = e - n * M;
+  const int r = p.transposed ? mrow / p.cout : 0, o = mrow - r * p.cout;
+  store_output(p, b, slot, o, p.transposed ? n * S + r : n, c[static_cast<long long>(b) * tn * M + e]);
+}
+
 int gemv_tn(const ConvParams& p) {
   const int nv = p.transposed ? p.t_in : conv_t_out(p);
   for (int tn : {1, 2, 4, 8, 16})
@@ -562,6 +598,19 @@ dim3 mma_grid(const ConvParams& p, int rows) {
   return dim3((rows * tn + kMmaN - 1) / kMmaN, (conv_mma_rows(p) + kMmaM - 1) / kMmaM);
 }
 }  // namespace
+
+int conv_gemm_cols(const ConvParams& p) { return p.transposed ? p.t_in : p.t_in / p.stride; }
+int conv_gemm_k(const ConvParams& p) { return p.cin * (p.transposed ? 2 : p.kernel); }
+
+void conv_im2col(const ConvParams& p, float* x, const Batch& batch, cudaStream_t s) {
+  const int n = std::max(conv_gemm_cols(p) * conv_gemm_k(p), p.cin * conv_ctx(p));
+  launch(conv_im2col_kernel, dim3((n + 255) / 256, batch.count), dim3(256), 0, s, p, x, batch);
+}
+
+void conv_gemm_epilogue(const ConvParams& p, const float* c, const Batch& batch, cudaStream_t s) {
+  const int n = conv_gemm_cols(p) * conv_mma_rows(p);
+  launch(conv_gemm_epilogue_kernel, dim3((n + 255) / 256, batch.count), dim3(256), 0, s, p, c, batch);
+}
 
 bool conv_mma_fills_device(const ConvParams& p, int rows) {
   const dim3 g = mma_grid(p, rows);

@@ -82,6 +82,18 @@ bool conv_mma_supported(const ConvParams& p);
 bool conv_mma_fills_device(const ConvParams& p, int rows);
 void conv_mma(const ConvParams& p, const Batch& batch, cudaStream_t s);
 
+// The same GEMM computed elsewhere (cuda::set_mimi_blas_rows: cuBLAS, fp32 operands), in three
+// steps. conv_im2col writes each batch row's columns, x [batch.count * conv_gemm_cols][conv_gemm_k]
+// (row b's columns b * conv_gemm_cols .. in turn; element (column, k) is x' as conv_mma gathers it,
+// unrounded), and the slots' new history; then the caller forms c [columns][conv_mma_rows] = x . W^T
+// with W fp32 [conv_mma_rows][conv_gemm_k] (conv_mma's row and reduction order, unpadded); then
+// conv_gemm_epilogue stores c through the epilogue (bias, ls, residual, outputs) as conv_mma does.
+// Any shape conv_mma supports.
+int conv_gemm_cols(const ConvParams& p);
+int conv_gemm_k(const ConvParams& p);
+void conv_im2col(const ConvParams& p, float* x, const Batch& batch, cudaStream_t s);
+void conv_gemm_epilogue(const ConvParams& p, const float* c, const Batch& batch, cudaStream_t s);
+
 // Programmatic dependent launch (PDL) of the Mimi kernels: every launch of conv_*, linear,
 // attention and rvq_* uses it where the device supports it (compute capability 9.0+; a kernel's
 // blocks start as its predecessor's exit), except launches enqueued on this thread while a

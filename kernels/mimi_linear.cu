@@ -169,6 +169,25 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LinearParams p, Ac
   stage_input<TT, NV>(p, b, slot, reinterpret_cast<float4*>(row(out, b, slot)), red);
 }
 
+// grid (ceil(tokens * dout / 256), B), block 256: element (t, o) of row b's product, read from the
+// contiguous c [B][tokens][dout], through the epilogue into p.y as linear_kernel stores it.
+__global__ void __launch_bounds__(256) linear_epilogue_kernel(LinearParams p, const float* c, Batch batch) {
+  const int b = blockIdx.y, slot = batch.slots[b];
+  const int e = blockIdx.x * 256 + threadIdx.x;
+  pdl_wait();
+  if (e >= p.tokens * p.dout) return;
+  const int t = e / p.dout, o = e - t * p.dout;
+  const float v = c[static_cast<long long>(b) * p.tokens * p.dout + e];
+  float* yo = row(p.y, b, slot) + o * p.y.sc + t * p.y.st;
+  if (p.epilogue == kLinearGelu) {
+    *yo = gelu(v);
+  } else if (p.epilogue == kLinearScaledResidual) {
+    *yo = __fadd_rn(*yo, __fmul_rn(p.ls[o], v));
+  } else {
+    *yo = v;
+  }
+}
+
 template <int TT, int NV>
 void launch_linear(const LinearParams& p, const Batch& batch, cudaStream_t s) {
   const dim3 grid((p.dout + kWarps - 1) / kWarps, batch.count);
@@ -223,6 +242,11 @@ void layer_norm(const LinearParams& p, const Act& out, const Batch& batch, cudaS
   } else {
     launch_norm_tt<2>(p, out, batch, s);
   }
+}
+
+void linear_epilogue(const LinearParams& p, const float* c, const Batch& batch, cudaStream_t s) {
+  const dim3 grid((p.tokens * p.dout + 255) / 256, batch.count);
+  launch(linear_epilogue_kernel, grid, dim3(256), 0, s, p, c, batch);
 }
 
 }  // namespace ppx::kern::mimi

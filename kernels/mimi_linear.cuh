@@ -36,5 +36,9 @@ void linear(const LinearParams& p, const Batch& batch, cudaStream_t s);
 // to `out` (token-major [tokens][din], contiguous, 16-byte aligned): the prologue of a linear that
 // runs as conv_mma (--mimi-fp16). One block per batch row.
 void layer_norm(const LinearParams& p, const Act& out, const Batch& batch, cudaStream_t s);
+// The output side of a linear whose product was computed elsewhere (a cuBLAS GEMM over the batch):
+// c holds row b's W x contiguously, [B][tokens][dout]; each element goes through p.epilogue into p.y
+// exactly as `linear` stores its sums (p.w and p.x are not read).
+void linear_epilogue(const LinearParams& p, const float* c, const Batch& batch, cudaStream_t s);
 
 }  // namespace ppx::kern::mimi

@@ -14,6 +14,11 @@
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
 #   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
 #                             [0]: steps that fill the contexts first, 2999 for issue #14's full-context step)
+#   MIMI_BLAS_ROWS [""]       values of personaplex-bench-mimi --mimi-blas-rows (0: the shipped codec),
+#                             each a --mimi-fp16 --batch MIMI_BATCHES ["8 16 32 64 128"] run; "" skips
+#   NCU_MIMI ["" ]            "ROWS:BLAS_ROWS" (e.g. "64:0"): per-kernel GPU time of one batched encode and
+#                             decode at ROWS rows (ncu summary by kernel name); "" skips
+# (personaplex-bench-mimi must be in the pack for the last two.)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
@@ -60,6 +65,26 @@ for sh in "${ncu_shapes[@]}"; do
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Shared Memory.*Throughput|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued" \
     "$raw/ncu_$i.txt" | head -30 | sed "s/^/  [p$pol $sh] /" >>"$summary"
 done
+done
+for r in ${MIMI_BLAS_ROWS:-}; do
+  late && { note "mimi blas rows $r skipped (time budget)"; continue; }
+  # shellcheck disable=SC2086
+  timeout 240 "$B/personaplex-bench-mimi" --device cuda --mimi-fp16 --mimi-blas-rows "$r" \
+    --batch ${MIMI_BATCHES:-8 16 32 64 128} --frames 30 --warmup 5 --out "$raw/mimi_blas$r.json" >"$raw/mimi_blas$r.log" 2>&1
+  note "mimi blas rows $r rc=$?"
+  sed "s/^batch /blas$r batch /" "$raw/mimi_blas$r.log" | grep -E "^blas$r " >>"$summary"
+done
+for spec in ${NCU_MIMI:-}; do
+  late && { note "ncu mimi $spec skipped (time budget)"; continue; }
+  [[ $spec == *:* ]] || { note "NCU_MIMI '$spec': not ROWS:BLAS_ROWS, skipped"; continue; }
+  rows=${spec%%:*} br=${spec#*:}
+  # Frame 1's batched encode and decode (graph replays; ncu profiles each kernel node).
+  timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$B/personaplex-bench-mimi" --device cuda --mimi-fp16 --mimi-blas-rows "$br" --batch "$rows" --frames 1 \
+    --warmup 0 >"$raw/ncu_mimi_${rows}_$br.txt" 2>&1
+  note "ncu mimi rows $rows blas $br rc=$?"
+  grep -E "^  [^ ]|gpu__time_duration.sum" "$raw/ncu_mimi_${rows}_$br.txt" | head -300 |
+    sed "s/^/  [mimi $rows blas $br] /" >>"$summary"
 done
 frames=${FRAMES:-30}
 warmup=5

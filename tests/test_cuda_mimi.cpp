@@ -471,12 +471,25 @@ TEST(CudaMimiFullSize, Fp16KeepsTheCodesAndTheAudio) {
 // the device and run on tensor cores while the short ones stay fp32, so every row's codes and audio
 // go through the mixed path. Each row (its own offset into the speech) against the fp32 CUDA Mimi
 // run on the same rows: the same bars as above, and the audio must differ (the fp16 path ran).
+// Then the same with the measurement hook cuda::set_mimi_blas_rows (the transformer's linears as
+// TF32 cuBLAS GEMMs at 32 rows): the same bars, and its audio differs from the shipped path's.
 TEST(CudaMimiFullSize, Fp16AsShippedAtThirtyTwoRows) {
   PPX_REQUIRE_GPU();
   FullSize& F = full();
   constexpr int kRows = 32, kN = 16;
-  RandomWeights w16(20261202), w32(20261202);
+  RandomWeights w16(20261202), w32(20261202), wb(20261202);
   cuda::CudaMimi h(F.cfg.mimi, w16, kRows, true, /*fp16=*/true), f(F.cfg.mimi, w32, kRows, true, /*fp16=*/false);
+  ASSERT_EQ(h.blas_rows(), 0);
+  cuda::set_mimi_blas_rows(kRows);
+  std::unique_ptr<cuda::CudaMimi> hb;
+  try {
+    hb = std::make_unique<cuda::CudaMimi>(F.cfg.mimi, wb, kRows, true, /*fp16=*/true);
+  } catch (...) {
+    cuda::set_mimi_blas_rows(0);
+    throw;
+  }
+  cuda::set_mimi_blas_rows(0);
+  ASSERT_EQ(hb->blas_rows(), kRows);
   const std::vector<float> speech = prepare_voice_audio(test::data("speech_16k.wav"));
   ASSERT_GE(static_cast<int>(speech.size()) / F.fs, kN + kRows);
   struct Out {
@@ -529,6 +542,16 @@ TEST(CudaMimiFullSize, Fp16AsShippedAtThirtyTwoRows) {
   EXPECT_LE(err, 1e-2);
   EXPECT_GT(err, 0.0) << "no conv ran on tensor cores at 32 rows";
   for (float v : got.pcm) ASSERT_TRUE(std::isfinite(v));
+
+  const Out blas = run(*hb, &ref.codes);
+  const double agree_b = agreement(blas.codes, ref.codes), err_b = rel_l2(blas.pcm, ref.pcm);
+  std::printf("mimi fp16 with cuBLAS linears vs fp32 (%d rows x %d frames of speech): codes agree %.4f, decode rel L2 "
+              "%.2e\n",
+              kRows, kN, agree_b, err_b);
+  EXPECT_GE(agree_b, 0.98);
+  EXPECT_LE(err_b, 1e-2);
+  EXPECT_NE(blas.pcm, got.pcm) << "the cuBLAS linears did not run";
+  for (float v : blas.pcm) ASSERT_TRUE(std::isfinite(v));
 }
 
 // The CUDA backend's codec batch (graphs per batch size) through the codec scheduler, sessions

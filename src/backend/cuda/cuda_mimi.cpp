@@ -8,9 +8,11 @@
 // it, so stale history, carries and ring contents are never read.
 #include "backend/cuda/cuda_mimi.h"
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -51,6 +53,9 @@ struct Conv {
   km::ConvParams p;
   bool gemv = false;
   bool mma = false;  // --mimi-fp16: conv_mma with p.w16
+  // set_mimi_blas_rows: a short (gemv) conv's fp32 weights in conv_mma's [rows][k] order, unpadded,
+  // for conv_im2col + cuBLAS + conv_gemm_epilogue.
+  const float* wg = nullptr;
   Buf x, residual, raw, elu;
   long long hist_off = 0;
 };
@@ -62,6 +67,47 @@ struct TrLayer {
   const void* w16[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
+// The workspace of each direction's cuBLAS handle (set_mimi_blas_rows).
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+
+// A cuBLAS handle with its own workspace (set_mimi_blas_rows): one per direction, so the encoder and
+// the decoder may run on two streams at once.
+class Blas {
+ public:
+  Blas() = default;
+  ~Blas() {
+    if (h_) cublasDestroy(h_);
+  }
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  void create(size_t workspace_bytes) {
+    const cublasStatus_t st = cublasCreate(&h_);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      h_ = nullptr;
+      throw Error(std::string("CudaMimi: cublasCreate failed: ") + cublasGetStatusString(st));
+    }
+    ws_.resize(workspace_bytes);
+  }
+  explicit operator bool() const { return h_ != nullptr; }
+  // C [n][m] = B [n][k] . A [m][k]^T (row-major fp32 A, B, C; TF32 tensor cores, fp32 sums), on s.
+  void gemm_tf32(int m, int n, int k, const float* a, const float* b, float* c, cudaStream_t s) const {
+    const float one = 1.f, zero = 0.f;
+    check(cublasSetStream(h_, s), "cublasSetStream");
+    // After cublasSetStream, which falls back to the default workspace: ours again (graph capture).
+    check(cublasSetWorkspace(h_, ws_.get(), ws_.bytes()), "cublasSetWorkspace");
+    check(cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_32F, k, b, CUDA_R_32F, k, &zero, c,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+
+ private:
+  static void check(cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("CudaMimi: ") + what + ": " + cublasGetStatusString(st));
+  }
+  cublasHandle_t h_ = nullptr;
+  DeviceBuffer<unsigned char> ws_;
+};
+
 struct Direction {
   Arena state_layout, act_layout;
   DeviceBuffer<float> state, acts;
@@ -70,7 +116,13 @@ struct Direction {
   Buf x, qkv, att, ff;  // transformer activations, token-major
   Buf xn;               // --mimi-fp16: the LayerNorm'd x of a linear run as conv_mma
   km::SlotInt frame;
+  // set_mimi_blas_rows: the linears' contiguous input [slots][tokens][widest input] and product
+  // [slots][tokens][widest output] for cuBLAS, and the handle.
+  Blas blas;
+  DeviceBuffer<float> blas_x, blas_y;
 };
+
+std::atomic<int> g_blas_rows{0};  // set_mimi_blas_rows
 
 }  // namespace
 
@@ -80,6 +132,7 @@ struct CudaMimi::Impl {
   bool pdl = true;
   bool fp16 = false;
   bool mma_always = false;  // set_mma_always
+  int blas_rows = 0;        // set_mimi_blas_rows when built (fp16 only; 0: off)
   int tokens = 0;  // 25 Hz latents per frame (encoder_stride)
   std::vector<DeviceBuffer<float>> weights;
   std::vector<DeviceBuffer<__half>> weights16;
@@ -154,8 +207,10 @@ struct CudaMimi::Impl {
         }
     p.w = upload(dev);
     // --mimi-fp16: the long convs (and the transposed ones) also as conv_mma's fp16 [rows][kpad]
-    // (the frame-advancing last conv, with one output channel, stays fp32; see finalize).
-    if (fp16 && !cv.gemv && cout >= 16) {
+    // (the frame-advancing last conv, with one output channel, stays fp32; see finalize); with
+    // set_mimi_blas_rows the short ones also in fp32 in the same order, for cuBLAS.
+    const bool blas = blas_rows > 0 && cv.gemv && cout >= 16;
+    if ((fp16 && !cv.gemv && cout >= 16) || blas) {
       const int taps = transposed ? 2 : k, kred = cin * taps, rows = km::conv_mma_rows(p);
       std::vector<float> g(static_cast<size_t>(rows) * kred);
       for (int row = 0; row < rows; ++row) {
@@ -165,8 +220,12 @@ struct CudaMimi::Impl {
           g[static_cast<size_t>(row) * kred + q] = at(o, i, transposed ? r + j * s : j);
         }
       }
-      p.w16 = upload16(g, rows, kred, km::conv_mma_kpad(p));
-      cv.mma = true;
+      if (blas) {
+        cv.wg = upload(g);
+      } else {
+        p.w16 = upload16(g, rows, kred, km::conv_mma_kpad(p));
+        cv.mma = true;
+      }
     }
     if (bias) p.bias = upload(w.load(key + ".bias", {cout}));
     if (cv.gemv && !km::conv_gemv_supported(p)) throw Error("mimi conv '" + key + "': unsupported GEMV shape");
@@ -182,11 +241,13 @@ struct CudaMimi::Impl {
   void build_transformer(Direction& d, WeightSource& w, const std::string& prefix);
   void build_quantizer(WeightSource& w);
   void finalize(Direction& d);
-  void run_conv(const Conv& cv, const km::ConvParams& p, const km::Batch& bt, cudaStream_t s) const;
+  void run_conv(const Direction& d, const Conv& cv, const km::ConvParams& p, const km::Batch& bt,
+                cudaStream_t s) const;
   void run_convs(const Direction& d, const km::Batch& bt, const float* user_in, float* user_out, cudaStream_t s) const;
   void run_transformer(const Direction& d, const km::Batch& bt, cudaStream_t s) const;
-  void run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, bool mma, const km::Batch& bt,
-                  cudaStream_t s) const;
+  enum class LinearPath { kGemv, kMma, kBlas };
+  void run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, LinearPath path,
+                  const km::Batch& bt, cudaStream_t s) const;
   void encode(const km::Batch& bt, const float* d_pcm, int32_t* d_codes, cudaStream_t s) const;
   void decode(const km::Batch& bt, const int32_t* d_codes, float* d_pcm, cudaStream_t s) const;
 };
@@ -369,6 +430,7 @@ CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl, bo
   m.slots = slots;
   m.pdl = pdl;
   m.fp16 = fp16;
+  m.blas_rows = fp16 ? g_blas_rows.load() : 0;
   m.tokens = c.encoder_stride();
   if (slots < 1) throw Error("CudaMimi: slots must be >= 1");
   const MimiTransformerConfig& tc = c.transformer;
@@ -438,6 +500,28 @@ CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl, bo
     for (Conv& cv : d->convs) cv.mma = cv.mma && km::conv_mma_supported(cv.p);
   m.down.mma = m.down.mma && km::conv_mma_supported(m.down.p);
 
+  if (m.blas_rows > 0) {
+    // Per row: the linears' input and product, and each short conv's columns and product.
+    const int F = tc.dim_feedforward, W = tc.d_model;
+    for (Direction* d : {&m.enc, &m.dec}) {
+      size_t x_row = static_cast<size_t>(m.tokens) * std::max(W, F);
+      size_t y_row = static_cast<size_t>(m.tokens) * std::max(3 * W, F);
+      std::vector<const Conv*> convs;
+      for (const Conv& cv : d->convs) convs.push_back(&cv);
+      if (d == &m.enc) convs.push_back(&m.down);
+      for (const Conv* cv : convs) {
+        if (!cv->wg) continue;
+        if (!km::conv_mma_supported(cv->p)) throw Error("CudaMimi: a short conv's shape has no GEMM form");
+        const size_t cols = static_cast<size_t>(km::conv_gemm_cols(cv->p));
+        x_row = std::max(x_row, cols * static_cast<size_t>(km::conv_gemm_k(cv->p)));
+        y_row = std::max(y_row, cols * static_cast<size_t>(km::conv_mma_rows(cv->p)));
+      }
+      d->blas.create(kBlasWorkspaceBytes);
+      d->blas_x.resize(static_cast<size_t>(slots) * x_row);
+      d->blas_y.resize(static_cast<size_t>(slots) * y_row);
+    }
+  }
+
   size_t smem = 0;
   for (const Direction* d : {&m.enc, &m.dec})
     for (const Conv& cv : d->convs)
@@ -455,6 +539,9 @@ CudaMimi::CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl, bo
 
 CudaMimi::~CudaMimi() = default;
 
+void set_mimi_blas_rows(int rows) { g_blas_rows.store(rows <= 0 ? 0 : std::max(2, rows)); }
+int mimi_blas_rows() { return g_blas_rows.load(); }
+
 int CudaMimi::frame_samples() const { return p_->c.frame_samples(); }
 int CudaMimi::num_codebooks() const { return p_->c.num_codebooks; }
 int CudaMimi::slots() const { return p_->slots; }
@@ -463,6 +550,7 @@ size_t CudaMimi::weight_bytes() const {
 }
 bool CudaMimi::fp16() const { return p_->fp16; }
 void CudaMimi::set_mma_always(bool on) { p_->mma_always = on; }
+int CudaMimi::blas_rows() const { return p_->blas_rows; }
 
 namespace {
 void check_slot(int slot, int slots) {
@@ -483,9 +571,16 @@ void CudaMimi::reset_decoder(int slot, cudaStream_t s) {
 }
 
 // One conv launch with `p` (cv.p, its caller's buffers patched in): on tensor cores where it has
-// fp16 weights and the launch fills the device (or set_mma_always), else the fp32 kernel of its shape.
-void CudaMimi::Impl::run_conv(const Conv& cv, const km::ConvParams& p, const km::Batch& bt, cudaStream_t s) const {
-  if (cv.mma && (mma_always || km::conv_mma_fills_device(p, bt.count))) {
+// fp16 weights and the launch fills the device (or set_mma_always), as a cuBLAS GEMM where it has
+// fp32 GEMM weights (set_mimi_blas_rows) and enough rows, else the fp32 kernel of its shape.
+void CudaMimi::Impl::run_conv(const Direction& d, const Conv& cv, const km::ConvParams& p, const km::Batch& bt,
+                              cudaStream_t s) const {
+  if (cv.wg && bt.count >= blas_rows) {
+    km::conv_im2col(p, d.blas_x.get(), bt, s);
+    d.blas.gemm_tf32(km::conv_mma_rows(p), bt.count * km::conv_gemm_cols(p), km::conv_gemm_k(p), cv.wg,
+                     d.blas_x.get(), d.blas_y.get(), s);
+    km::conv_gemm_epilogue(p, d.blas_y.get(), bt, s);
+  } else if (cv.mma && (mma_always || km::conv_mma_fills_device(p, bt.count))) {
     km::conv_mma(p, bt, s);
   } else if (cv.gemv) {
     km::conv_gemv(p, bt, s);
@@ -502,7 +597,7 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
       p.x = km::Act{const_cast<float*>(user_in), cv.x.t, 0, cv.x.t, 1};
     }
     if (cv.raw.off == -2) p.out_raw = km::Act{user_out, cv.raw.t, 0, cv.raw.t, 1};
-    run_conv(cv, p, bt, s);
+    run_conv(d, cv, p, bt, s);
   }
 }
 
@@ -513,12 +608,21 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
 // tensor cores against 96 + 92 without; at 128 rows 76 + 79 against 82 + 84).
 constexpr int kLinearMmaRows = 128;
 
-// One transformer linear: the fp32 GEMV, or (mma) its LayerNorm alone into d.xn and then the
-// product as a k = 1 conv over the tokens on tensor cores, with the same epilogue.
-void CudaMimi::Impl::run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, bool mma,
+// One transformer linear: the fp32 GEMV; or (kMma) its LayerNorm alone into d.xn and then the
+// product as a k = 1 conv over the tokens on tensor cores, with the same epilogue; or (kBlas) its
+// LayerNorm (or a plain copy) into the contiguous d.blas_x [rows][tokens][din], one TF32 cuBLAS GEMM
+// over every row's tokens into d.blas_y, and the epilogue from there into the slots.
+void CudaMimi::Impl::run_linear(const Direction& d, const km::LinearParams& lp, const void* w16, LinearPath path,
                                 const km::Batch& bt, cudaStream_t s) const {
-  if (!mma) {
+  if (path == LinearPath::kGemv) {
     km::linear(lp, bt, s);
+    return;
+  }
+  if (path == LinearPath::kBlas) {
+    const km::Act xs{d.blas_x.get(), static_cast<long long>(lp.tokens) * lp.din, 0, 1, lp.din};
+    km::layer_norm(lp, xs, bt, s);
+    d.blas.gemm_tf32(lp.dout, bt.count * lp.tokens, lp.din, lp.w, d.blas_x.get(), d.blas_y.get(), s);
+    km::linear_epilogue(lp, d.blas_y.get(), bt, s);
     return;
   }
   km::ConvParams p;
@@ -567,13 +671,18 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
   ap.tokens = tokens;
   ap.scale = 1.f / std::sqrt(static_cast<float>(D / tc.num_heads));
   ap.frame = d.frame;
-  const bool mma = fp16 && (mma_always || bt.count >= kLinearMmaRows);
+  LinearPath path = LinearPath::kGemv;
+  if (blas_rows > 0 && bt.count >= blas_rows) {
+    path = LinearPath::kBlas;
+  } else if (fp16 && (mma_always || bt.count >= kLinearMmaRows)) {
+    path = LinearPath::kMma;
+  }
   for (const TrLayer& l : d.layers) {
     km::LinearParams lp;
     lp.tokens = tokens;
     lp.w = l.in_proj, lp.din = D, lp.dout = 3 * D, lp.ln_w = l.norm1_w, lp.ln_b = l.norm1_b;
     lp.epilogue = km::kLinearStore, lp.x = x, lp.y = qkv;
-    run_linear(d, lp, l.w16[0], mma, bt, s);
+    run_linear(d, lp, l.w16[0], path, bt, s);
     ap.k_cache = d.state.get() + l.k_off;
     ap.v_cache = d.state.get() + l.v_off;
     km::attention(ap, bt, s);
@@ -581,13 +690,13 @@ void CudaMimi::Impl::run_transformer(const Direction& d, const km::Batch& bt, cu
     lp.tokens = tokens;
     lp.w = l.out_proj, lp.din = D, lp.dout = D, lp.epilogue = km::kLinearScaledResidual, lp.ls = l.ls1;
     lp.x = att, lp.y = x;
-    run_linear(d, lp, l.w16[1], mma, bt, s);
+    run_linear(d, lp, l.w16[1], path, bt, s);
     lp.w = l.linear1, lp.din = D, lp.dout = F, lp.ln_w = l.norm2_w, lp.ln_b = l.norm2_b;
     lp.epilogue = km::kLinearGelu, lp.ls = nullptr, lp.x = x, lp.y = ff;
-    run_linear(d, lp, l.w16[2], mma, bt, s);
+    run_linear(d, lp, l.w16[2], path, bt, s);
     lp.w = l.linear2, lp.din = F, lp.dout = D, lp.ln_w = nullptr, lp.ln_b = nullptr;
     lp.epilogue = km::kLinearScaledResidual, lp.ls = l.ls2, lp.x = ff, lp.y = x;
-    run_linear(d, lp, l.w16[3], mma, bt, s);
+    run_linear(d, lp, l.w16[3], path, bt, s);
   }
 }
 
@@ -595,7 +704,7 @@ void CudaMimi::Impl::encode(const km::Batch& bt, const float* d_pcm, int32_t* d_
   const km::PdlScope scope(pdl);
   run_convs(enc, bt, d_pcm, nullptr, s);
   run_transformer(enc, bt, s);
-  run_conv(down, down.p, bt, s);
+  run_conv(enc, down, down.p, bt, s);
   const QuantizerConfig& q = c.quantizer;
   const int ncb = c.num_codebooks;
   km::RvqEncodeParams rp;

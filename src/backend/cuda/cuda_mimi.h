@@ -49,6 +49,8 @@ class CudaMimi {
   // Tests: with fp16, every launch of a tensor-core conv runs on tensor cores, also those too small
   // to fill the device (which otherwise run in fp32).
   void set_mma_always(bool on);
+  // set_mimi_blas_rows as it was when this codec was built (0: off, or not fp16).
+  int blas_rows() const;
 
   // Graph-safe resets (async on s, no host sync): the next encode/decode of the slot behaves like
   // the first after construction.
@@ -72,5 +74,19 @@ class CudaMimi {
   struct Impl;
   std::unique_ptr<Impl> p_;
 };
+
+// Measurement hook (personaplex-bench-mimi and personaplex-bench --mimi-blas-rows; no server flag,
+// not shipped): with fp16, a CudaMimi built after this call runs, in every launch of at least `rows`
+// batch rows, each transformer linear as one TF32 cuBLAS GEMM over all rows' tokens (the input
+// LayerNorm'd into a contiguous buffer first, the epilogue after) instead of the fp32 GEMV or
+// conv_mma, and each short convolution (those the fp32 conv_gemv runs) as one TF32 cuBLAS GEMM over
+// all rows' output positions (kern::mimi::conv_im2col, the GEMM, conv_gemm_epilogue). 0 (the
+// default) turns it off; other values below 2 count as 2, so a launch of one row (the per-session
+// codec path, whose slots run concurrently on their own streams) never shares the direction's
+// buffers and handle. With it on, batched launches of one direction must not run concurrently (they
+// share those buffers and the handle); the codec scheduler runs them on one stream.
+void set_mimi_blas_rows(int rows);
+// The value set_mimi_blas_rows stored (after its rounding up to 2).
+int mimi_blas_rows();
 
 }  // namespace ppx::cuda
