@@ -52,6 +52,8 @@
 #include <thread>
 
 #if defined(PPX_HAVE_CUDA)
+#include <cuda_runtime.h>  // cudaMemGetInfo (device_free_bytes)
+
 #include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
 #include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
@@ -106,8 +108,21 @@ struct SessionRun {
   int frames = 0, warmup = 0, prefill = 0, prompt_steps = 0;
   bool codec_batch = true;
 };
+// Free device memory in bytes on this thread's CUDA device; -1 without one.
+double device_free_bytes() {
+#if defined(PPX_HAVE_CUDA)
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return static_cast<double>(free_b);
+  (void)cudaGetLastError();
+#endif
+  return -1;
+}
+
 nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions, const SessionRun& o) {
   const int frames = o.frames, warmup = o.warmup, prefill = o.prefill;
+  // What the run allocates on the device beside the model: the LM batch (KV caches, row buffers),
+  // the codec batch, and later the graphs of each batch size and the prefill buffers.
+  const double free_before = device_free_bytes();
   const bool codec_batch = o.codec_batch;
   using Clock = std::chrono::steady_clock;
   const ppx::LmGenConfig gen = *m.cfg.lm_gen;
@@ -136,6 +151,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
                                                           codec_ms.push_back(i.ms);
                                                           codec_rows.push_back(i.encodes + i.decodes);
                                                         });
+  const double free_setup = device_free_bytes();
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
   const ppx::SystemPrompt prompt = bench_prompt(m, o.prompt_steps);
@@ -360,6 +376,9 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
     j["codec_pass_frames"] = ppx::app::latency_stats(codec_rows);
   }
   j["wall_s"] = wall_s;
+  if (free_before >= 0)
+    j["device_free_bytes"] = {{"before_batches", free_before}, {"after_batches", free_setup},
+                              {"after_run", device_free_bytes()}};
   return j;
 }
 
