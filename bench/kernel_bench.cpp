@@ -358,7 +358,8 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h, const std::v
 
 // The temporal attention of one layer at batch B (every row its own slot, all with n keys visible),
 // bf16 and fp8 caches: the bytes of keys and values read per second.
-nlohmann::ordered_json attention_batch_bench(cudaStream_t s) {
+nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<int>& batches,
+                                            const std::vector<int>& keys) {
   using namespace ppx;
   const int H = 32, hd = 128, C = 3000, D = H * hd, Bmax = 64;
   const size_t cache = static_cast<size_t>(Bmax) * C * D;
@@ -379,8 +380,8 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s) {
   for (int b = 0; b < Bmax; ++b) sl[b] = b;
   slot.upload(sl.data(), Bmax, s);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (int B : {1, 16, 64}) {
-    for (int n : {300, 3000}) {
+  for (int B : batches) {
+    for (int n : keys) {
       std::vector<int32_t> p(Bmax, n - 1);
       pos.upload(p.data(), Bmax, s);
       PPX_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -435,6 +436,13 @@ int bench(int argc, char** argv) {
       ->check(CLI::Range(0, 2));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
+  std::vector<int> attention_batches{1, 16, 64}, attention_keys{300, 3000};
+  app.add_option("--attention-batches", attention_batches, "batch sizes of the attention-batch section")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--attention-keys", attention_keys, "visible keys of the attention-batch section")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -519,7 +527,8 @@ int bench(int argc, char** argv) {
   if (want("gemv")) j["gemv"] = rows;
   if (want("gemv8")) j["gemv8"] = gemv8_bench(s);
   if (want("attention")) j["temporal_attention"] = attention_bench(s);
-  if (want("attention-batch")) j["temporal_attention_batch"] = attention_batch_bench(s);
+  if (want("attention-batch"))
+    j["temporal_attention_batch"] = attention_batch_bench(s, attention_batches, attention_keys);
   if (want("depformer")) j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);

@@ -19,6 +19,8 @@
 #   NCU_MIMI ["" ]            "ROWS:BLAS_ROWS" (e.g. "64:0"): per-kernel GPU time of one batched encode and
 #                             decode at ROWS rows (ncu summary by kernel name); "" skips
 # (personaplex-bench-mimi must be in the pack for the last two.)
+#   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
+#                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
@@ -86,6 +88,23 @@ for spec in ${NCU_MIMI:-}; do
   grep -E "^  [^ ]|gpu__time_duration.sum" "$raw/ncu_mimi_${rows}_$br.txt" | head -300 |
     sed "s/^/  [mimi $rows blas $br] /" >>"$summary"
 done
+if [ "${NCU_ATTN:-0}" = 1 ]; then
+  if late; then
+    note "ncu attention skipped (time budget)"
+  else
+    # Policy 3 (4 stages) runs first: 16 launches x (1 warm-up + 5 timed replays); then policy 0's.
+    timeout 240 ncu --clock-control none --kernel-name regex:attention_fp8_mma --launch-skip 96 --launch-count 1 \
+      --set full -o "$raw/ncu_attn" "$B/personaplex-bench-kernels" --only attention-batch --attention-batches 64 \
+      --attention-keys 3000 >"$raw/ncu_attn.log" 2>&1
+    note "ncu attention rc=$?"
+    ncu --import "$raw/ncu_attn.ncu-rep" --page details >"$raw/ncu_attn.txt" 2>&1
+    ncu --import "$raw/ncu_attn.ncu-rep" --page raw >"$raw/ncu_attn_raw.txt" 2>&1
+    grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" "$raw/ncu_attn_raw.txt" |
+      sort -k3 -g -r | head -6 | sed "s/^/  [attn stall] /" >>"$summary"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|L2 Hit|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued" \
+      "$raw/ncu_attn.txt" | head -30 | sed "s/^/  [attn] /" >>"$summary"
+  fi
+fi
 frames=${FRAMES:-30}
 warmup=5
 lm_batch_runs "16 64 128"
