@@ -598,6 +598,8 @@ int bench(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (mimi_blas_rows != 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
+  if (mimi_blas_rows != 0 && sessions == 0 && sweep.empty())
+    throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
 #if defined(PPX_HAVE_CUDA)
   ppx::kern::gemm_set_policy(gemm_policy);  // before the LM batch captures its graphs
   g_gemm_policy = gemm_policy;
