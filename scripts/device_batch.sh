@@ -21,7 +21,7 @@ budget=${TIME_BUDGET_S:-540}
 frames=${FRAMES:-50}
 warmup=${WARMUP:-5}
 summary=$OUT/summary.txt
-raw=/tmp/raw
+raw=$(mktemp -d /tmp/raw.XXXXXX)  # fresh per call: a warm machine keeps /tmp
 mkdir -p "$raw"
 : >"$summary"
 note() { echo "$* ($(( $(date +%s) - t0 )) s)" | tee -a "$summary"; }

@@ -7,7 +7,7 @@
 #
 # Environment (defaults in brackets):
 #   TESTS [1]                 0 skips the CUDA suite (GTEST_FILTER narrows it)
-#   GEMM_POLICIES ["0"]       values of --gemm-policy for the gemm section
+#   GEMM_POLICIES ["0"]       values of --gemm-policy for the gemm section ("" skips it)
 #   GEMM_BATCHES ["16 32 64 128"]
 #   TIME_BUDGET_S [500]       a step that would start past this many seconds is skipped
 #   NCU_SHAPES ["temporal qkv;depformer qkv"]  ';'-separated; "" skips the profiles
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
 t0=$(date +%s)
 summary=$OUT/summary.txt
-raw=/tmp/raw
+raw=$(mktemp -d /tmp/raw.XXXXXX)  # fresh per call: a warm machine keeps /tmp
 mkdir -p "$raw"
 : >"$summary"
 note() { echo "$* ($(( $(date +%s) - t0 )) s)" | tee -a "$summary"; }
@@ -40,7 +40,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   note "cuda tests rc=$?"
   grep -E "PASSED|FAILED|prefill vs|batched teacher" "$raw/cuda_tests.log" | head -20 >>"$summary"
 fi
-for p in ${GEMM_POLICIES:-0}; do
+for p in ${GEMM_POLICIES-0}; do
   late && { note "kernels gemm policy $p skipped (time budget)"; continue; }
   # shellcheck disable=SC2086
   timeout 240 "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$p" --gemm-batches ${GEMM_BATCHES:-16 32 64 128} \
@@ -50,7 +50,7 @@ for p in ${GEMM_POLICIES:-0}; do
 done
 IFS=';' read -r -a ncu_shapes <<<"${NCU_SHAPES-temporal qkv;depformer qkv}"
 i=0
-for pol in ${NCU_POLICIES:-0}; do
+for pol in ${NCU_POLICIES-0}; do
 for sh in "${ncu_shapes[@]}"; do
   [ -n "$sh" ] || continue
   i=$((i + 1))
