@@ -54,7 +54,8 @@
 #if defined(PPX_HAVE_CUDA)
 #include <cuda_runtime.h>  // cudaMemGetInfo (device_free_bytes)
 
-#include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
+#include "backend/cuda/cuda_mimi.h"
+#include "backend/cuda/cuda_util.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
 #include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
 #include "apps/common.h"
@@ -578,9 +579,10 @@ int bench(int argc, char** argv) {
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
-                 "shipped one, 1-2 experiments); CUDA builds only")
+                 "shipped one, 1-3 experiments; 3 keeps a bf16 copy of the int8 weights, +13 GB at full size); "
+                 "CUDA builds only")
       ->capture_default_str()
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   int mimi_blas_rows = 0;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
                  "measurement hook, with --mimi-fp16 (or --fast): in codec batches of at least this many rows (2 or "
@@ -600,8 +602,16 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows != 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
   if (mimi_blas_rows != 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
+  if (gemm_policy != 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
 #if defined(PPX_HAVE_CUDA)
-  ppx::kern::gemm_set_policy(gemm_policy);  // before the LM batch captures its graphs
+  // Before the model loads (policy 3 keeps a bf16 copy of the int8 weights) and the LM batch
+  // captures its graphs; policy 3's cuBLAS handle lives on the --device chosen.
+  if (gemm_policy != 0) {
+    if (const std::string why = ppx::cuda_device_problem(mf.cuda_device); !why.empty())
+      throw ppx::Error("--device " + mf.device_flag + ": " + why);
+    PPX_CUDA_CHECK(cudaSetDevice(mf.cuda_device));
+  }
+  ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
   ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
   g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();   // as it applies (1 counts as 2)

@@ -25,12 +25,14 @@
 // activations, which leaves the sum unchanged and makes every shared-memory load one contiguous
 // 8- or 16-byte access. The summation order differs from the GEMV's, so results agree with it to
 // fp32 rounding, not bit for bit.
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "lm_gemv.cuh"
 #include "lm_gemv_impl.cuh"
@@ -446,6 +448,16 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
 
 int g_sms = 0;
 int g_policy = 0;  // gemm_set_policy()
+// Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
+// measurement hook of the benchmarks and tests).
+cublasHandle_t g_blas = nullptr;
+void* g_blas_ws = nullptr;
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+
+void blas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("lm_gemm policy 3: ") + what + ": " + cublasGetStatusString(st));
+}
 int g_smem_optin = 0;  // the largest dynamic shared memory a block may opt into on this device
 
 // Lets the kernel use up to what its largest slice needs, or what the device allows (sm_80: 163 KB,
@@ -513,7 +525,16 @@ void init() {
 }  // namespace ppx::kern::gemm_impl
 
 namespace ppx::kern {
-void gemm_set_policy(int policy) { gemm_impl::g_policy = policy; }
+void gemm_set_policy(int policy) {
+  using namespace gemm_impl;
+  if (policy == 3 && g_blas == nullptr) {
+    blas_check(cublasCreate(&g_blas), "cublasCreate");
+    if (cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess)
+      throw std::runtime_error("lm_gemm policy 3: cannot allocate the cuBLAS workspace");
+  }
+  g_policy = policy;
+}
+int gemm_policy() { return gemm_impl::g_policy; }
 
 // Four K slices of every width up to max_n, or 64K columns of slices (16 of 4096): what the
 // full-size model's shapes take (the widest, the text head, 4 slices; 4096-wide ones up to 16).
@@ -529,9 +550,56 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.w8 != nullptr || a.K % 32 != 0) return false;  // fp8 weights, odd K: the chunked GEMV
   if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
   if (a.gemm.ws == nullptr) return false;
+  const int policy = g_policy;  // read once: the plan and the launch must agree
+  // The activations the GEMM multiplies: x as given (kPlain), or staged by the GEMV's prologue
+  // into xstage (bf16 [B, K]).
+  auto stage = [&](const __nv_bfloat16*& x, int64_t& xs) {
+    x = a.x;
+    xs = a.x_stride;
+    if (in == GemvIn::kPlain) return;
+    const dim3 grid(1, a.B);
+    const size_t smem = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
+    switch (in) {
+      case GemvIn::kRmsNorm: stage_rows_kernel<GemvIn::kRmsNorm><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
+      case GemvIn::kSiluGate: stage_rows_kernel<GemvIn::kSiluGate><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
+      case GemvIn::kEmbRmsNorm: stage_rows_kernel<GemvIn::kEmbRmsNorm><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
+      case GemvIn::kPlain: break;
+    }
+    x = a.gemm.xstage;
+    xs = a.K;
+  };
+  auto epilogue = [&](const GemvArgs& c, int S) {
+    const int rows = out == GemvOut::kGateUp ? a.N / 2 : a.N;
+    const dim3 eg((rows + 127) / 128, c.B);
+    switch (out) {
+      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+    }
+  };
+  // Policy 3 (gemm_set_policy; an experiment, not shipped): cuBLAS's bf16 GEMM over all B rows,
+  // ws [B, N] = x [B, K] . W [N, K]^T with fp32 sums, on the bf16 weights or on the int8 weights'
+  // exact bf16 copy (bf16 x bf16 products are exact in fp32, as ours are), then the same epilogue
+  // with one "slice". Without a copy (int8 weights) the shipped kernel runs.
+  const __nv_bfloat16* wb = a.wi8 ? a.wq : a.w;
+  if (policy == 3 && wb != nullptr && g_blas != nullptr &&
+      a.gemm.ws_floats >= static_cast<size_t>(a.B) * static_cast<size_t>(a.N)) {
+    const __nv_bfloat16* x = nullptr;
+    int64_t xs = 0;
+    stage(x, xs);
+    const float one = 1.f, zero = 0.f;
+    blas_check(cublasSetStream(g_blas, s), "cublasSetStream");
+    blas_check(cublasSetWorkspace(g_blas, g_blas_ws, kBlasWorkspaceBytes), "cublasSetWorkspace");
+    blas_check(cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.B, a.K, &one, wb, CUDA_R_16BF, a.K, x,
+                            CUDA_R_16BF, static_cast<int>(xs), &zero, a.gemm.ws, CUDA_R_32F, a.N,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+    epilogue(a, 1);
+    return true;
+  }
   const int sms = g_sms > 0 ? g_sms : 132;
   const int bmax = std::min(a.B, 8 * kMaxNt);
-  const int policy = g_policy;  // read once: the plan and the launch must agree
   const bool rw = policy == 2;
   auto smem_of = [&](int nt, int ks_len) {
     if (rw) return a.wi8 ? rw_smem_bytes<int8_t>(nt, ks_len) : rw_smem_bytes<__nv_bfloat16>(nt, ks_len);
@@ -584,20 +652,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     if (S == 0) return false;
   }
   if (ks > max_slice) return false;
-  const __nv_bfloat16* x = a.x;
-  int64_t xs = a.x_stride;
-  if (in != GemvIn::kPlain) {
-    const dim3 grid(1, a.B);
-    const size_t smem = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
-    switch (in) {
-      case GemvIn::kRmsNorm: stage_rows_kernel<GemvIn::kRmsNorm><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
-      case GemvIn::kSiluGate: stage_rows_kernel<GemvIn::kSiluGate><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
-      case GemvIn::kEmbRmsNorm: stage_rows_kernel<GemvIn::kEmbRmsNorm><<<grid, gemv_impl::kThreads, smem, s>>>(a); break;
-      case GemvIn::kPlain: break;
-    }
-    x = a.gemm.xstage;
-    xs = a.K;
-  }
+  const __nv_bfloat16* x = nullptr;
+  int64_t xs = 0;
+  stage(x, xs);
   for (int b0 = 0; b0 < a.B; b0 += 8 * kMaxNt) {
     GemvArgs c = a;
     c.B = std::min(a.B - b0, 8 * kMaxNt);
@@ -611,14 +668,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       launch_gemm<int8_t>(policy, nt, grid, smem, c, xc, xs, ks, a.gemm.ws, s);
     else
       launch_gemm<__nv_bfloat16>(policy, nt, grid, smem, c, xc, xs, ks, a.gemm.ws, s);
-    const int rows = out == GemvOut::kGateUp ? a.N / 2 : a.N;
-    const dim3 eg((rows + 127) / 128, c.B);
-    switch (out) {
-      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-    }
+    epilogue(c, S);
   }
   return true;
 }

@@ -46,6 +46,9 @@ struct GemvArgs {
   const __nv_fp8_e4m3* w8 = nullptr;  // [N, K] row-major fp8 weights; when set, K % 16 == 0
   const int8_t* wi8 = nullptr;         // [N, K] row-major int8 weights; when set, K % 16 == 0
   const float* w_scale = nullptr;      // with w8 or wi8: [N] dequantization scale of each weight row
+  // With wi8, optionally: the same values as bf16 (exact), which gemm_set_policy(3) multiplies
+  // through cuBLAS; ignored otherwise.
+  const __nv_bfloat16* wq = nullptr;
   const __nv_bfloat16* x = nullptr;  // [B, x_stride]; kSiluGate reads [B, 2K] within the stride
   int64_t x_stride = 0;              // elements between batch rows of x
   int N = 0, K = 0, B = 1;           // K % 8 == 0, B >= 1 (kernels take kMaxGemvBatch rows at once)
@@ -76,7 +79,11 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s);
 void gemv_set_grid_policy(int policy);
 // Measurement hook (personaplex-bench-kernels --gemm-policy): which batched GEMM kernel runs B >
 // kMaxGemvBatch; 0 (default) the shipped one; 1 and 2 experiments (lm_gemm.cu: 16 warps a block;
-// gemm_rw_kernel). Not thread-safe; not for serving code.
+// gemm_rw_kernel); 3 cuBLAS's bf16 GEMM (fp32 sums) on bf16 weights, or on int8 weights' exact
+// bf16 copy (GemvArgs::wq; without one, policy 0), over all B rows at once. Setting 3 creates the
+// cuBLAS handle on the current device: call it after the device is chosen and before capture. Not
+// thread-safe; not for serving code.
 void gemm_set_policy(int policy);
+int gemm_policy();
 
 }  // namespace ppx::kern

@@ -1,6 +1,7 @@
 // One block per weight row: a block max of |w|, then each thread converts its strided share.
 #include "lm_quant.cuh"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "common.cuh"
@@ -44,7 +45,20 @@ __global__ void __launch_bounds__(kThreads) quantize_int8_kernel(const __nv_bflo
   }
 }
 
+__global__ void int8_to_bf16_kernel(const int8_t* q, __nv_bfloat16* out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(static_cast<float>(q[i]));
+}
+
 }  // namespace
+
+void int8_to_bf16(const int8_t* q, __nv_bfloat16* out, int64_t n, cudaStream_t s) {
+  if (n < 0) throw std::runtime_error("int8_to_bf16: need n >= 0");
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
+  int8_to_bf16_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(q, out, n);
+}
 
 void quantize_int8_rows(const __nv_bfloat16* w, int N, int K, int8_t* q, float* scale, cudaStream_t s) {
   if (N < 0 || K < 1) throw std::runtime_error("quantize_int8_rows: need N >= 0 and K >= 1");

@@ -26,5 +26,8 @@ namespace ppx::kern {
 // Throws std::runtime_error on N < 0 or K < 1.
 void quantize_fp8_rows(const __nv_bfloat16* w, int N, int K, __nv_fp8_e4m3* q, float* scale, cudaStream_t s);
 void quantize_int8_rows(const __nv_bfloat16* w, int N, int K, int8_t* q, float* scale, cudaStream_t s);
+// out[i] = q[i] as bf16 (exact: |q| <= 127 fits bf16's 8-bit significand) for i < n, on stream s:
+// the int8 weights' values for kern::gemm_set_policy(3). Throws std::runtime_error on n < 0.
+void int8_to_bf16(const int8_t* q, __nv_bfloat16* out, int64_t n, cudaStream_t s);
 
 }  // namespace ppx::kern

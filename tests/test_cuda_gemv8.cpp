@@ -180,6 +180,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
   const size_t mb = static_cast<size_t>(*std::max_element(batches.begin(), batches.end()));
   cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(mb * 2 * K), alpha(K), y0(mb * N), y(mb * N), xstage(mb * K);
   cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
+  cuda::DeviceBuffer<__nv_bfloat16> wq(int8 ? wn : 0);  // the int8 values as bf16 (gemm policy 3)
   cuda::DeviceBuffer<float> scale(N), yf(mb * N), ws(kern::gemm_ws_floats(static_cast<int>(mb), N));
   const uint64_t seed = static_cast<uint64_t>(N) * 131 + K;
   kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), seed, 0.02f, 0.f, nullptr);
@@ -193,6 +194,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
   kern::fill_random_bf16(y0.get(), static_cast<int64_t>(y0.size()), seed + 3, 0.01f, 0.f, nullptr);
   if (int8) {
     kern::quantize_int8_rows(w.get(), N, K, reinterpret_cast<int8_t*>(q.get()), scale.get(), nullptr);
+    kern::int8_to_bf16(reinterpret_cast<const int8_t*>(q.get()), wq.get(), static_cast<int64_t>(wn), nullptr);
   } else {
     kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
   }
@@ -221,6 +223,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
     } else if (int8) {
       a.wi8 = reinterpret_cast<const int8_t*>(q.get());
       a.w_scale = scale.get();
+      a.wq = wq.get();
     } else {
       a.w8 = q.get();
       a.w_scale = scale.get();
@@ -367,8 +370,9 @@ TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
       {GemvIn::kPlain, GemvOut::kResidual, 4096, 11264}, {GemvIn::kRmsNorm, GemvOut::kLogits, 2048, 1024},
       {GemvIn::kPlain, GemvOut::kStore, 200, 1040},      {GemvIn::kRmsNorm, GemvOut::kStore, 300, 4128},
   };
-  // Every kernel variant (personaplex-bench-kernels --gemm-policy) against the same references.
-  for (int policy : {0, 1, 2}) {
+  // Every kernel variant (personaplex-bench-kernels --gemm-policy) against the same references;
+  // policy 3 (cuBLAS) on the bf16 weights and on the int8 weights' bf16 copy.
+  for (int policy : {0, 1, 2, 3}) {
     SCOPED_TRACE(testing::Message() << "gemm policy " << policy);
     kern::gemm_set_policy(policy);
     for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});

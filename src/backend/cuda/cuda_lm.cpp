@@ -82,6 +82,7 @@ LinearWeight LinearWeight::rows_from(int64_t first) const {
   if (w8) r.w8 = w8 + first * cols;
   if (wi8) r.wi8 = wi8 + first * cols;
   if (w_scale) r.w_scale = w_scale + first;
+  if (wq) r.wq = wq + first * cols;
   return r;
 }
 
@@ -93,6 +94,7 @@ void LinearWeight::set(kern::GemvArgs& a) const {
   a.w8 = w8;
   a.wi8 = wi8;
   a.w_scale = q ? w_scale : nullptr;
+  a.wq = wi8 ? wq : nullptr;
 }
 
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s) {
@@ -218,6 +220,7 @@ void CudaLm::bind() {
     if (t.in_fp8) {
       if (opt_.w8_int8) {
         lw.wi8 = reinterpret_cast<const int8_t*>(arena8_.get() + t.off8);
+        if (arena_q_.size()) lw.wq = arena_q_.get() + t.off8;
       } else {
         lw.w8 = arena8_.get() + t.off8;
       }
@@ -315,6 +318,13 @@ void CudaLm::quantize_linears() {
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   arena_ = std::move(kept);
   weight_bytes_ = arena_.bytes() + arena8_.bytes() + scales_.bytes();
+  if (opt_.w8_int8 && kern::gemm_policy() == 3) {
+    arena_q_.resize(total8);
+    kern::int8_to_bf16(reinterpret_cast<const int8_t*>(arena8_.get()), arena_q_.get(), static_cast<int64_t>(total8),
+                       nullptr);
+    PPX_CUDA_CHECK(cudaGetLastError());
+    PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   bind();
 }
 

@@ -74,6 +74,9 @@ struct LinearWeight {
   const __nv_fp8_e4m3* w8 = nullptr;
   const int8_t* wi8 = nullptr;
   const float* w_scale = nullptr;
+  // With wi8 under kern::gemm_set_policy(3) when the model was built: its values as bf16 (exact),
+  // for that measurement hook's cuBLAS GEMM (kern::GemvArgs::wq).
+  const __nv_bfloat16* wq = nullptr;
   int64_t cols = 0;
   bool fp8() const { return w8 != nullptr; }
   bool int8() const { return wi8 != nullptr; }
@@ -141,6 +144,9 @@ class CudaLm {
   DeviceBuffer<__nv_bfloat16> arena_;
   DeviceBuffer<__nv_fp8_e4m3> arena8_;
   DeviceBuffer<float> scales_;
+  // int8 weights built under kern::gemm_set_policy(3): arena8_'s values as bf16 (a measurement
+  // hook; not counted in weight_bytes(), which the capacity model reads as bytes per step).
+  DeviceBuffer<__nv_bfloat16> arena_q_;
   size_t weight_bytes_ = 0;
 };
 
