@@ -54,8 +54,8 @@
 #if defined(PPX_HAVE_CUDA)
 #include <cuda_runtime.h>  // cudaMemGetInfo (device_free_bytes)
 
-#include "backend/cuda/cuda_mimi.h"
-#include "backend/cuda/cuda_util.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
+#include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
+#include "backend/cuda/cuda_util.h"  // PPX_CUDA_CHECK
 #include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
 #include "apps/common.h"
@@ -579,7 +579,8 @@ int bench(int argc, char** argv) {
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
-                 "shipped one, 1-3 experiments; 3 keeps a bf16 copy of the int8 weights, +13 GB at full size); "
+                 "shipped one, 1-3 experiments; 3 keeps a bf16 copy of the int8 weights, ~16 GB more at full size, "
+                 "and does nothing with --w8-format fp8); "
                  "CUDA builds only")
       ->capture_default_str()
       ->check(CLI::Range(0, 3));

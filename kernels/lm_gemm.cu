@@ -528,9 +528,11 @@ namespace ppx::kern {
 void gemm_set_policy(int policy) {
   using namespace gemm_impl;
   if (policy == 3 && g_blas == nullptr) {
-    blas_check(cublasCreate(&g_blas), "cublasCreate");
-    if (cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess)
+    if (g_blas_ws == nullptr && cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess) {
+      g_blas_ws = nullptr;
       throw std::runtime_error("lm_gemm policy 3: cannot allocate the cuBLAS workspace");
+    }
+    blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
   g_policy = policy;
 }
@@ -581,10 +583,16 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // Policy 3 (gemm_set_policy; an experiment, not shipped): cuBLAS's bf16 GEMM over all B rows,
   // ws [B, N] = x [B, K] . W [N, K]^T with fp32 sums, on the bf16 weights or on the int8 weights'
   // exact bf16 copy (bf16 x bf16 products are exact in fp32, as ours are), then the same epilogue
-  // with one "slice". Without a copy (int8 weights) the shipped kernel runs.
+  // with one "slice". A measurement hook must not measure something else quietly: int8 weights
+  // without their copy, or a scratch too small for B x N sums, are errors.
   const __nv_bfloat16* wb = a.wi8 ? a.wq : a.w;
-  if (policy == 3 && wb != nullptr && g_blas != nullptr &&
-      a.gemm.ws_floats >= static_cast<size_t>(a.B) * static_cast<size_t>(a.N)) {
+  if (policy == 3) {
+    if (wb == nullptr)
+      throw std::runtime_error("lm_gemm policy 3: int8 weights without their bf16 copy (build the model after "
+                               "gemm_set_policy(3))");
+    if (a.gemm.ws_floats < static_cast<size_t>(a.B) * static_cast<size_t>(a.N))
+      throw std::runtime_error("lm_gemm policy 3: the GEMM scratch holds fewer than B x N sums (B = " +
+                               std::to_string(a.B) + ", N = " + std::to_string(a.N) + ")");
     const __nv_bfloat16* x = nullptr;
     int64_t xs = 0;
     stage(x, xs);

@@ -145,7 +145,9 @@ class CudaLm {
   DeviceBuffer<__nv_fp8_e4m3> arena8_;
   DeviceBuffer<float> scales_;
   // int8 weights built under kern::gemm_set_policy(3): arena8_'s values as bf16 (a measurement
-  // hook; not counted in weight_bytes(), which the capacity model reads as bytes per step).
+  // hook). Not counted in weight_bytes(): the capacity model's bytes per step then understate
+  // what policy 3's batched steps read (free memory is measured after loading, so the memory
+  // limit is right).
   DeviceBuffer<__nv_bfloat16> arena_q_;
   size_t weight_bytes_ = 0;
 };
