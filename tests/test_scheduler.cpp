@@ -4,6 +4,7 @@
 // the sessions in it and nothing else.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -95,6 +96,30 @@ struct ForwardingBatch : LmBatch {
 };
 
 }  // namespace
+
+// The CUDA batch's graph sizes: ascending, the last `slots`, every n in 1..slots held by one with
+// at most 15 padding rows above 64 (a power of two below), as before up to 64.
+TEST(Scheduler, BatchBucketsHoldEverySizeWithLittlePadding) {
+  EXPECT_EQ(ppx::batch_buckets(1), (std::vector<int>{1}));
+  EXPECT_EQ(ppx::batch_buckets(5), (std::vector<int>{1, 2, 4, 5}));
+  EXPECT_EQ(ppx::batch_buckets(64), (std::vector<int>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(ppx::batch_buckets(148), (std::vector<int>{1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128, 144, 148}));
+  for (int slots : {1, 2, 3, 63, 64, 65, 79, 80, 81, 100, 160, 256}) {
+    const std::vector<int> b = ppx::batch_buckets(slots);
+    ASSERT_FALSE(b.empty());
+    EXPECT_EQ(b.back(), slots);
+    EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
+    EXPECT_EQ(std::adjacent_find(b.begin(), b.end()), b.end()) << "a size twice";
+    for (int n = 1; n <= slots; ++n) {
+      const int got = *std::lower_bound(b.begin(), b.end(), n);
+      if (n > 64) {
+        EXPECT_LT(got - n, 16) << slots << " slots, " << n << " rows";
+      } else {
+        EXPECT_LT(got, 2 * n) << slots << " slots, " << n << " rows";
+      }
+    }
+  }
+}
 
 TEST(Scheduler, GreedyTokensAloneEqualBeside63Others) { batched_equals_alone(false); }
 

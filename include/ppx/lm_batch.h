@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ppx/config.h"
 #include "ppx/error.h"
@@ -94,5 +95,11 @@ class LmBatch {
   // binds that thread to the backend's device.
   virtual void attach_thread() {}
 };
+
+// The batch sizes a backend that captures one graph per size (CUDA) makes for `slots` sessions;
+// a step of n sessions runs the smallest that holds n, its other rows padding. Powers of two up to
+// 64, then every 16 (the batched GEMM takes 64 rows a launch in tiles of 8, and its cost grows with
+// the rows: a 95-row step padded to 128 paid for 33 rows of nothing), and `slots` itself.
+std::vector<int> batch_buckets(int slots);
 
 }  // namespace ppx

@@ -8,6 +8,14 @@
 
 namespace ppx {
 
+std::vector<int> batch_buckets(int slots) {
+  std::vector<int> b;
+  for (int n = 1; n < slots && n <= 64; n *= 2) b.push_back(n);
+  for (int n = 80; n < slots; n += 16) b.push_back(n);
+  if (slots >= 1) b.push_back(slots);
+  return b;
+}
+
 // A session's view of the scheduler: an LmStepper whose calls are jobs of its slot. Prompt steps
 // are kept and handed over in chunks (see the header).
 class LmScheduler::SlotStepper : public LmStepper {

@@ -108,8 +108,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   ext_.zero(stream_);
   PPX_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
-  for (int b = 1; b < slots_; b *= 2) buckets_.push_back(b);
-  buckets_.push_back(slots_);
+  buckets_ = batch_buckets(slots_);
   for (int b : buckets_) graphs_.push_back(capture_graph(stream_, [&] { enqueue_step(b, stream_); }));
 }
 

@@ -5,10 +5,10 @@
 // chunk of kern::kMaxGemvBatch rows instead of once per session.
 //
 // Everything is made at construction: per-slot state for `slots` sessions plus one scratch slot
-// (what padding rows of a batch write), the row buffers for max(`slots`, kPrefillRows) rows, and one CUDA graph per
-// batch-size bucket (1, 2, 4, 8, ... and `slots`); a step of n sessions replays the smallest bucket
-// that holds n, its spare rows padding. open() writes a slot's parameters and zeroes its position
-// and counter: no allocation, no capture.
+// (what padding rows of a batch write), the row buffers for max(`slots`, kPrefillRows) rows, and
+// one CUDA graph per batch-size bucket (ppx::batch_buckets: 1, 2, 4, ... 64, then every 16, and
+// `slots`); a step of n sessions replays the smallest bucket that holds n, its spare rows padding.
+// open() writes a slot's parameters and zeroes its position and counter: no allocation, no capture.
 //
 // Prompt prefill (prefill()): up to prefill_rows() consecutive positions of one slot whose streams
 // are all provided go through the temporal transformer as the rows of one pass (every row at its
