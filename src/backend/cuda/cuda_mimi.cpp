@@ -88,7 +88,6 @@ class Blas {
     }
     ws_.resize(workspace_bytes);
   }
-  explicit operator bool() const { return h_ != nullptr; }
   // C [n][m] = B [n][k] . A [m][k]^T (row-major fp32 A, B, C; TF32 tensor cores, fp32 sums), on s.
   void gemm_tf32(int m, int n, int k, const float* a, const float* b, float* c, cudaStream_t s) const {
     const float one = 1.f, zero = 0.f;
