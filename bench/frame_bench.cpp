@@ -86,7 +86,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 }
 
 int g_gemm_policy = 0;     // --gemm-policy
-int g_mimi_blas_rows = 0;  // --mimi-blas-rows
+int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
 nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedModel& m,
@@ -99,7 +99,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy != 0) j["gemm_policy"] = g_gemm_policy;
-  if (g_mimi_blas_rows != 0) j["mimi_blas_rows"] = g_mimi_blas_rows;
+  j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
 }
 
@@ -584,12 +584,11 @@ int bench(int argc, char** argv) {
                  "CUDA builds only")
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
-  int mimi_blas_rows = 0;
+  int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
-                 "measurement hook, with --mimi-fp16 (or --fast): in codec batches of at least this many rows (2 or "
-                 "more), the transformer linears and the short convolutions as TF32 cuBLAS GEMMs "
-                 "(personaplex-bench-mimi --mimi-blas-rows; 0: off); CUDA builds only")
-      ->capture_default_str()
+                 "with --mimi-fp16 (or --fast): run the transformer linears and the short convolutions of codec "
+                 "batches of at least this many rows (2 or more) as TF32 cuBLAS GEMMs; 0: never (the v0.20 codec); "
+                 "default: as shipped (4 rows; personaplex-bench-mimi --mimi-blas-rows); CUDA builds only")
       ->check(CLI::Range(0, 100000));
   std::vector<int> batch_sizes;
   app.add_option("--lm-batch", batch_sizes,
@@ -600,8 +599,8 @@ int bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (mimi_blas_rows != 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
-  if (mimi_blas_rows != 0 && sessions == 0 && sweep.empty())
+  if (mimi_blas_rows >= 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
+  if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy != 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
 #if defined(PPX_HAVE_CUDA)
@@ -614,11 +613,11 @@ int bench(int argc, char** argv) {
   }
   ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
-  ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
-  g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();   // as it applies (1 counts as 2)
+  if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
+  if ((mf.mimi_fp16 || mf.fast) && mf.device == "cuda") g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();  // as it applies
 #else
   if (gemm_policy != 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
-  if (mimi_blas_rows != 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
+  if (mimi_blas_rows >= 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif
   if (!sweep.empty()) {
     if (sessions > 0 || soak_minutes > 0 || !batch_sizes.empty())

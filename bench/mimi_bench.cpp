@@ -186,12 +186,11 @@ int bench(int argc, char** argv) {
   app.add_flag("--mimi-fp16", fp16, "with --device cuda: the fp16 tensor-core convolutions (CudaOptions::mimi_fp16)");
   app.add_flag("--mimi-fp16-always", fp16_always,
                "with --mimi-fp16: tensor cores in every launch, also those it leaves in fp32 (small batches)");
-  int blas_rows = 0;
+  int blas_rows = -1;
   app.add_option("--mimi-blas-rows", blas_rows,
-                 "measurement hook, with --mimi-fp16 and --batch: in launches of at least this many rows (2 or "
-                 "more), the transformer linears and the short convolutions as TF32 cuBLAS GEMMs "
-                 "(cuda::set_mimi_blas_rows; 0: off)")
-      ->capture_default_str()
+                 "with --mimi-fp16 and --batch: run the transformer linears and the short convolutions of launches "
+                 "of at least this many rows (2 or more) as TF32 cuBLAS GEMMs (cuda::set_mimi_blas_rows); 0: never "
+                 "(the v0.20 codec); default: as shipped (4 rows)")
       ->check(CLI::Range(0, 100000));
   try {
     app.parse(argc, argv);
@@ -207,11 +206,13 @@ int bench(int argc, char** argv) {
   }
   if (fp16 && device != "cuda") throw ppx::Error("--mimi-fp16 needs --device cuda");
   if (fp16_always && !fp16) throw ppx::Error("--mimi-fp16-always needs --mimi-fp16");
-  if (blas_rows > 0 && !fp16) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16");
-  if (blas_rows > 0 && batch_sizes.empty()) throw ppx::Error("--mimi-blas-rows needs --batch (one row never uses it)");
+  if (blas_rows >= 0 && !fp16) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16");
+  if (blas_rows >= 0 && batch_sizes.empty()) throw ppx::Error("--mimi-blas-rows needs --batch (one row never uses it)");
 #ifdef PPX_HAVE_CUDA
-  ppx::cuda::set_mimi_blas_rows(blas_rows);  // before any CudaMimi is built
-  blas_rows = ppx::cuda::mimi_blas_rows();   // as it applies (1 counts as 2)
+  if (blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(blas_rows);  // before any CudaMimi is built
+  blas_rows = fp16 ? ppx::cuda::mimi_blas_rows() : 0;             // as it applies (1 counts as 2)
+#else
+  blas_rows = 0;
 #endif
   if (!batch_sizes.empty()) {
     if (device != "cuda") throw ppx::Error("--batch needs --device cuda");

@@ -14,7 +14,7 @@
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
 #   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
 #                             [0]: steps that fill the contexts first, 2999 for issue #14's full-context step)
-#   MIMI_BLAS_ROWS [""]       values of personaplex-bench-mimi --mimi-blas-rows (0: the shipped codec),
+#   MIMI_BLAS_ROWS [""]       values of personaplex-bench-mimi --mimi-blas-rows (4: as shipped, 0: v0.20's codec),
 #                             each a --mimi-fp16 --batch MIMI_BATCHES ["8 16 32 64 128"] run; "" skips
 #   NCU_MIMI ["" ]            "ROWS:BLAS_ROWS" (e.g. "64:0"): per-kernel GPU time of one batched encode and
 #                             decode at ROWS rows (ncu summary by kernel name); "" skips

@@ -468,28 +468,32 @@ TEST(CudaMimiFullSize, Fp16KeepsTheCodesAndTheAudio) {
 }
 
 // --mimi-fp16 as shipped (no set_mma_always): at 32 batch rows the long and transposed convs fill
-// the device and run on tensor cores while the short ones stay fp32, so every row's codes and audio
-// go through the mixed path. Each row (its own offset into the speech) against the fp32 CUDA Mimi
-// run on the same rows: the same bars as above, and the audio must differ (the fp16 path ran).
-// Then the same with the measurement hook cuda::set_mimi_blas_rows (the transformer's linears as
-// TF32 cuBLAS GEMMs at 32 rows): the same bars, and its audio differs from the shipped path's.
+// the device and run on tensor cores, and the transformer's linears and the short convs run as TF32
+// cuBLAS GEMMs (kDefaultMimiBlasRows), so every row's codes and audio go through the mixed path.
+// Each row (its own offset into the speech) against the fp32 CUDA Mimi run on the same rows: the
+// same bars as above, and the audio must differ (the fp16 path ran). Then the same with the cuBLAS
+// path off (set_mimi_blas_rows(0): v0.20's codec, linears and short convs in fp32): the same bars,
+// and its audio differs from the shipped path's.
 TEST(CudaMimiFullSize, Fp16AsShippedAtThirtyTwoRows) {
   PPX_REQUIRE_GPU();
   FullSize& F = full();
   constexpr int kRows = 32, kN = 16;
+  static_assert(kRows >= cuda::kDefaultMimiBlasRows);
   RandomWeights w16(20261202), w32(20261202), wb(20261202);
+  ASSERT_EQ(cuda::mimi_blas_rows(), cuda::kDefaultMimiBlasRows);
   cuda::CudaMimi h(F.cfg.mimi, w16, kRows, true, /*fp16=*/true), f(F.cfg.mimi, w32, kRows, true, /*fp16=*/false);
-  ASSERT_EQ(h.blas_rows(), 0);
-  cuda::set_mimi_blas_rows(kRows);
-  std::unique_ptr<cuda::CudaMimi> hb;
+  ASSERT_EQ(h.blas_rows(), cuda::kDefaultMimiBlasRows);
+  ASSERT_EQ(f.blas_rows(), 0);
+  cuda::set_mimi_blas_rows(0);
+  std::unique_ptr<cuda::CudaMimi> h_off;
   try {
-    hb = std::make_unique<cuda::CudaMimi>(F.cfg.mimi, wb, kRows, true, /*fp16=*/true);
+    h_off = std::make_unique<cuda::CudaMimi>(F.cfg.mimi, wb, kRows, true, /*fp16=*/true);
   } catch (...) {
-    cuda::set_mimi_blas_rows(0);
+    cuda::set_mimi_blas_rows(cuda::kDefaultMimiBlasRows);
     throw;
   }
-  cuda::set_mimi_blas_rows(0);
-  ASSERT_EQ(hb->blas_rows(), kRows);
+  cuda::set_mimi_blas_rows(cuda::kDefaultMimiBlasRows);
+  ASSERT_EQ(h_off->blas_rows(), 0);
   const std::vector<float> speech = prepare_voice_audio(test::data("speech_16k.wav"));
   ASSERT_GE(static_cast<int>(speech.size()) / F.fs, kN + kRows);
   struct Out {
@@ -543,15 +547,15 @@ TEST(CudaMimiFullSize, Fp16AsShippedAtThirtyTwoRows) {
   EXPECT_GT(err, 0.0) << "no conv ran on tensor cores at 32 rows";
   for (float v : got.pcm) ASSERT_TRUE(std::isfinite(v));
 
-  const Out blas = run(*hb, &ref.codes);
-  const double agree_b = agreement(blas.codes, ref.codes), err_b = rel_l2(blas.pcm, ref.pcm);
-  std::printf("mimi fp16 with cuBLAS linears vs fp32 (%d rows x %d frames of speech): codes agree %.4f, decode rel L2 "
-              "%.2e\n",
-              kRows, kN, agree_b, err_b);
-  EXPECT_GE(agree_b, 0.98);
-  EXPECT_LE(err_b, 1e-2);
-  EXPECT_NE(blas.pcm, got.pcm) << "the cuBLAS linears did not run";
-  for (float v : blas.pcm) ASSERT_TRUE(std::isfinite(v));
+  const Out off = run(*h_off, &ref.codes);
+  const double agree_off = agreement(off.codes, ref.codes), err_off = rel_l2(off.pcm, ref.pcm);
+  std::printf("mimi fp16 without cuBLAS (v0.20) vs fp32 (%d rows x %d frames of speech): codes agree %.4f, decode "
+              "rel L2 %.2e\n",
+              kRows, kN, agree_off, err_off);
+  EXPECT_GE(agree_off, 0.98);
+  EXPECT_LE(err_off, 1e-2);
+  EXPECT_NE(off.pcm, got.pcm) << "the shipped codec did not run the cuBLAS path";
+  for (float v : off.pcm) ASSERT_TRUE(std::isfinite(v));
 }
 
 // The CUDA backend's codec batch (graphs per batch size) through the codec scheduler, sessions

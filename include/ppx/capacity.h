@@ -62,9 +62,13 @@ inline double auto_prompt_cache_bytes(double free_bytes) {
 inline constexpr int kMaxSessionsLimit = 256;
 
 // What the memory limit keeps back of the free device memory (also the LM batch's own check before
-// it allocates its KV caches): 2% and 3 GiB.
+// it allocates its KV caches): 2% and 1 GiB. What comes after the server measures free memory and
+// is not counted per session: the codec's weights (~0.33 GB fp32, its fp16 and GEMM-order copies
+// less) and what the batches allocate beside the KV caches, measured (docs/PERF.md v0.22, H100, 48
+// `--kv-fp8` sessions) at ~0.14 GB (the LM and codec batches took 39.90 GB, 39.76 GB of it KV
+// caches: row buffers, graphs of every batch size, cuBLAS workspaces). (3 GiB before 2026-12-05.)
 inline constexpr double kMemoryHeadroom = 0.02;
-inline constexpr double kMemoryReserveBytes = 3.0 * (1u << 30);
+inline constexpr double kMemoryReserveBytes = 1.0 * (1u << 30);
 
 struct CapacityInputs {
   LmConfig lm;

@@ -121,7 +121,7 @@ struct Direction {
   DeviceBuffer<float> blas_x, blas_y;
 };
 
-std::atomic<int> g_blas_rows{0};  // set_mimi_blas_rows
+std::atomic<int> g_blas_rows{kDefaultMimiBlasRows};  // set_mimi_blas_rows
 
 }  // namespace
 
@@ -600,7 +600,8 @@ void CudaMimi::Impl::run_convs(const Direction& d, const km::Batch& bt, const fl
   }
 }
 
-// The transformer's linears run as conv_mma (--mimi-fp16) from this many batch rows (or always with
+// With the cuBLAS path off (set_mimi_blas_rows(0), a bench's comparison) or below its threshold, the
+// transformer's linears run as conv_mma (--mimi-fp16) from this many batch rows (or always with
 // set_mma_always); fewer rows run the fp32 GEMV. As a GEMM a linear has few column tiles (2 per
 // row, 64 per tile) and a long reduction per block, so below ~100 rows it is the slower of the two
 // (H200, docs/PERF.md v0.20: encode + decode at 32 rows 174 + 171 us a row with the linears on

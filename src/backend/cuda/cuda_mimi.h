@@ -34,7 +34,8 @@ class CudaMimi {
   // `fp16` (--mimi-fp16, ppx::CudaOptions::mimi_fp16): the convolutions over long time axes and the
   // transposed ones run on tensor cores with fp16 weights and inputs and fp32 sums (kern::mimi::
   // conv_mma) in launches with enough rows to fill the device (conv_mma_fills_device), fp32
-  // otherwise; the rest stays fp32. Results then differ from the fp32 reference by fp16 rounding
+  // otherwise; launches of kDefaultMimiBlasRows rows or more (set_mimi_blas_rows, below) run the
+  // transformer linears and the short convs as TF32 cuBLAS GEMMs; the rest stays fp32. Results then differ from the fp32 reference by fp16 rounding
   // (docs/QUALITY.md), and a row's result can differ by that much between batch sizes.
   CudaMimi(const MimiConfig& c, WeightSource& w, int slots, bool pdl = true, bool fp16 = false);
   ~CudaMimi();
@@ -49,7 +50,8 @@ class CudaMimi {
   // Tests: with fp16, every launch of a tensor-core conv runs on tensor cores, also those too small
   // to fill the device (which otherwise run in fp32).
   void set_mma_always(bool on);
-  // set_mimi_blas_rows as it was when this codec was built (0: off, or not fp16).
+  // The cuBLAS path's threshold (set_mimi_blas_rows) as it was when this codec was built (0: off,
+  // or not fp16).
   int blas_rows() const;
 
   // Graph-safe resets (async on s, no host sync): the next encode/decode of the slot behaves like
@@ -75,16 +77,21 @@ class CudaMimi {
   std::unique_ptr<Impl> p_;
 };
 
-// Measurement hook (personaplex-bench-mimi and personaplex-bench --mimi-blas-rows; no server flag,
-// not shipped): with fp16, a CudaMimi built after this call runs, in every launch of at least `rows`
-// batch rows, each transformer linear as one TF32 cuBLAS GEMM over all rows' tokens (the input
-// LayerNorm'd into a contiguous buffer first, the epilogue after) instead of the fp32 GEMV or
-// conv_mma, and each short convolution (those the fp32 conv_gemv runs) as one TF32 cuBLAS GEMM over
-// all rows' output positions (kern::mimi::conv_im2col, the GEMM, conv_gemm_epilogue). 0 (the
-// default) turns it off; other values below 2 count as 2, so a launch of one row (the per-session
-// codec path, whose slots run concurrently on their own streams) never shares the direction's
-// buffers and handle. With it on, batched launches of one direction must not run concurrently (they
-// share those buffers and the handle); the codec scheduler runs them on one stream.
+// The batched codec's rule for --mimi-fp16 (shipped 2026-12-05, docs/PERF.md v0.23): a CudaMimi
+// built with fp16 runs, in every launch of at least kDefaultMimiBlasRows batch rows, each
+// transformer linear as one TF32 cuBLAS GEMM over all rows' tokens (the input LayerNorm'd into a
+// contiguous buffer first, the epilogue after) instead of the fp32 GEMV or conv_mma, and each short
+// convolution (those the fp32 conv_gemv runs) as one TF32 cuBLAS GEMM over all rows' output
+// positions (kern::mimi::conv_im2col, the GEMM, conv_gemm_epilogue). Measured on an H100 (v0.22):
+// encode + decode per row 449 -> 392 us at 4 rows, 206 -> 97 at 32, 180 -> 67 at 64; at 2 rows it
+// was slower (605 -> 655), so one- and two-row launches keep the fp32 kernels.
+inline constexpr int kDefaultMimiBlasRows = 4;
+// Benches (personaplex-bench-mimi and personaplex-bench --mimi-blas-rows) move the threshold for
+// codecs built after the call: 0 turns the cuBLAS path off (the v0.20 form), other values below 2
+// count as 2, so a launch of one row (the per-session codec path, whose slots run concurrently on
+// their own streams) never shares the direction's buffers and handle. Batched launches of one
+// direction must not run concurrently (they share those buffers and the handle); the codec
+// scheduler runs them on one stream.
 void set_mimi_blas_rows(int rows);
 // The value set_mimi_blas_rows stored (after its rounding up to 2).
 int mimi_blas_rows();
