@@ -108,6 +108,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
 struct SessionRun {
   int frames = 0, warmup = 0, prefill = 0, prompt_steps = 0;
   bool codec_batch = true;
+  int frames_in_flight = ppx::Conversation::kMaxFramesInFlight;  // per session (--frames-in-flight)
 };
 // Free device memory in bytes on this thread's CUDA device; -1 without one.
 double device_free_bytes() {
@@ -164,8 +165,10 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
     std::unique_ptr<ppx::Conversation> conv;
     float w = 0;
     std::vector<float> pcm;
-    int64_t f = 0;                       // the frame in flight (or next), warm-up included
-    Clock::time_point t0, arrival;       // timed phase start; the frame's arrival
+    int64_t issued = 0, completed = 0;   // frames started and finished, warm-up included
+    bool queued = false;                 // its next frame waits in `due` (under mu)
+    bool failed = false;                 // a frame of it failed: it is finished (under mu)
+    Clock::time_point t0;                // timed phase start
     std::vector<double> mine;            // added latency of each timed frame
     std::vector<int64_t> my_late;        // timed frames over budget
   };
@@ -255,9 +258,10 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   if (!errors.empty()) throw ppx::Error(errors.front() + " (" + std::to_string(errors.size()) + " sessions failed)");
   // The timed frames, as the server's live sessions run: no thread per session. A pacer thread
   // starts each frame at its arrival (Conversation::step_async: the codec and LM schedulers'
-  // threads carry it on); its completion records the added latency and hands the session back to
-  // the pacer for its next arrival (or, with it passed, the next frame starts at once). Arrivals
-  // are staggered over one frame period, as real clients are.
+  // threads carry it on), up to o.frames_in_flight of a session at once (pipelined: the next
+  // frame's encode and step overlap this one's decode); a completion records the added latency
+  // and hands the session back to the pacer for its next arrival (or, with it passed, the next
+  // frame starts at once). Arrivals are staggered over one frame period, as real clients are.
   struct Due {
     Clock::time_point at;
     int s;
@@ -269,14 +273,22 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   const auto frame_at = [&](const Session& x, int64_t f) {
     return x.t0 + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * static_cast<double>(f)));
   };
-  std::function<void(int)> start_frame = [&](int s) {
+  const int64_t total = warmup + frames;
+  // Under mu: queues the session's next frame for the pacer when it may start one more.
+  const auto queue_next = [&](Session& x, int s) {
+    if (x.failed || x.queued || x.issued >= total || x.issued - x.completed >= o.frames_in_flight) return;
+    x.queued = true;
+    due.push(Due{frame_at(x, x.issued), s});
+  };
+  // Called by the pacer with mu held for frame f (taken from `issued` under mu); runs unlocked.
+  std::function<void(int, int64_t)> start_frame = [&](int s, int64_t f) {
     Session& x = ss[static_cast<size_t>(s)];
-    if (x.f == warmup) ++timed;
-    x.arrival = frame_at(x, x.f);
-    input(x, x.f);
+    input(x, f);  // step_async copies it
     x.conv->step_async(x.pcm.data(), [&, s](std::optional<ppx::FrameOut> fr, std::exception_ptr e) {
       Session& y = ss[static_cast<size_t>(s)];
       std::lock_guard<std::mutex> lk(mu);
+      if (y.failed) return;  // a frame after the failed one
+      const int64_t k = y.completed++;
       std::string err;
       if (e) {
         try {
@@ -289,19 +301,19 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
       }
       if (!err.empty()) {
         errors.push_back("session " + std::to_string(s) + ": " + err);
+        y.failed = true;
         ++finished;
         cv.notify_all();
         return;
       }
-      if (y.f >= warmup) {
-        y.mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - y.arrival).count());
-        if (y.mine.back() > 2 * frame_ms) y.my_late.push_back(y.f - warmup);
+      if (k >= warmup) {
+        y.mine.push_back(std::chrono::duration<double, std::milli>(Clock::now() - frame_at(y, k)).count());
+        if (y.mine.back() > 2 * frame_ms) y.my_late.push_back(k - warmup);
       }
-      if (++y.f == warmup + frames) {
+      if (y.completed == total)
         ++finished;
-      } else {
-        due.push(Due{frame_at(y, y.f), s});
-      }
+      else
+        queue_next(y, s);
       cv.notify_all();
     });
   };
@@ -309,6 +321,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   for (int s = 0; s < sessions; ++s) {
     Session& x = ss[static_cast<size_t>(s)];
     x.t0 = t_timed + std::chrono::microseconds(static_cast<int64_t>(1000.0 * frame_ms * s / sessions));
+    x.queued = true;
     due.push(Due{x.t0, s});
   }
   {
@@ -324,19 +337,27 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         continue;
       }
       due.pop();
+      Session& x = ss[static_cast<size_t>(d.s)];
+      x.queued = false;
+      if (x.failed) continue;
+      const int64_t f = x.issued++;
+      if (f == warmup) ++timed;
       lk.unlock();
       std::optional<std::string> failure;
       try {
-        start_frame(d.s);
+        start_frame(d.s, f);
       } catch (const std::exception& e) {
         failure = e.what();
       } catch (...) {
         failure = "unknown error";
       }
       lk.lock();
-      if (failure) {
+      if (failure && !x.failed) {
         errors.push_back("session " + std::to_string(d.s) + ": " + *failure);
+        x.failed = true;
         ++finished;
+      } else if (!failure) {
+        queue_next(x, d.s);
       }
     }
   }
@@ -357,6 +378,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["warmup"] = warmup;
   j["prefill"] = prefill;
   j["prompt_steps"] = o.prompt_steps;
+  j["frames_in_flight"] = o.frames_in_flight;
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
@@ -454,6 +476,7 @@ int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, 
   j["warmup"] = o.warmup;
   j["prefill"] = o.prefill;
   j["prompt_steps"] = o.prompt_steps;
+  j["frames_in_flight"] = o.frames_in_flight;
   j["frame_ms"] = frame_ms;
   j["budget_ms"] = 2 * frame_ms;
   j["plot"] = png;
@@ -576,6 +599,12 @@ int bench(int argc, char** argv) {
   app.add_flag("--per-session-codec", per_session_codec,
                "with --sessions or --sweep: each session runs its own codec stream on its thread instead of "
                "the batched codec scheduler (the server's --per-session-codec)");
+  int frames_in_flight = ppx::Conversation::kMaxFramesInFlight;
+  app.add_option("--frames-in-flight", frames_in_flight,
+                 "with --sessions or --sweep: frames of a session in flight at once (1: each frame's encode, step "
+                 "and decode before the next frame starts, as before 2026-12-05; the server runs the most)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, ppx::Conversation::kMaxFramesInFlight));
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
@@ -628,7 +657,7 @@ int bench(int argc, char** argv) {
       throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
     mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec}, argc, argv,
+    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight}, argc, argv,
                        out);
   }
   if (!batch_sizes.empty()) {
@@ -643,7 +672,7 @@ int bench(int argc, char** argv) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec}, argc,
+    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight}, argc,
                           argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);

@@ -4,11 +4,14 @@
 // audio of blocking sessions run alone; errors reach the callback.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <functional>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -115,31 +118,53 @@ SystemPrompt short_prompt(int i) {
   return p;
 }
 
-// One session that steps itself from its own completion callbacks.
+// One session that steps itself from its own completion callbacks, with up to `depth` frames in
+// flight (Conversation pipelines them).
 struct ChainedSession {
   std::unique_ptr<CodecStream> codec;
   std::unique_ptr<LmStepper> stepper;
   std::unique_ptr<Conversation> conv;
   std::vector<float> audio;
-  int fs = 0, frames = 0, next = 0;
+  int fs = 0, frames = 0, depth = 1;
+  int issued = 0, completed = 0;  // issued: under mu (step() runs from callbacks and the starter)
+  int overlapped = 0;             // completions with a later frame still in flight
+  std::mutex mu;
   Output out;
   std::exception_ptr error;
   std::function<void()> ended;
 
+  void start() {
+    for (int k = 0; k < depth; ++k) step();
+  }
   void step() {
-    conv->step_async(audio.data() + static_cast<size_t>(next) * fs, [this](std::optional<FrameOut> f, std::exception_ptr e) {
-      if (e) {
-        error = e;
-        return ended();
+    int k = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (issued == frames || error) return;
+      k = issued++;
+    }
+    conv->step_async(audio.data() + static_cast<size_t>(k) * fs, [this, k](std::optional<FrameOut> f, std::exception_ptr e) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        EXPECT_EQ(k, completed) << "frames completed out of order";
+        ++completed;
+        if (issued > completed) ++overlapped;
+        if (error) return;  // a frame after the failed one
+        if (e) {
+          error = e;
+        } else if (f) {
+          append(out, *f);
+        }
       }
-      if (f) append(out, *f);
-      if (++next == frames) return ended();
+      if (e || completed == frames) return ended();
       step();  // from the scheduler's thread: no thread of the session's own
     });
   }
 };
 
-TEST(SessionLoop, CallbackDrivenSessionsEqualBlockingOnesAlone) {
+// With `depth` frames of each session in flight (1: one at a time; Conversation::kMaxFramesInFlight:
+// pipelined, a frame's encode and step overlapping the previous one's decode).
+void callback_driven_sessions_equal_blocking_ones_alone(int depth) {
   TinyModel t;
   const LmGenConfig gen = *t.cfg.lm_gen;
   constexpr int kSessions = 12, kFrames = 14;
@@ -171,13 +196,14 @@ TEST(SessionLoop, CallbackDrivenSessionsEqualBlockingOnesAlone) {
     c.audio = session_audio(i, kFrames, fs);
     c.fs = fs;
     c.frames = kFrames;
+    c.depth = depth;
     c.ended = [&] {
       std::lock_guard<std::mutex> lk(mu);
       ++ended;
       cv.notify_all();
     };
   }
-  for (auto& c : s) c.step();  // every session starts; from here on callbacks drive them
+  for (auto& c : s) c.start();  // every session starts; from here on callbacks drive them
   {
     std::unique_lock<std::mutex> lk(mu);
     ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended == kSessions; }));
@@ -190,6 +216,52 @@ TEST(SessionLoop, CallbackDrivenSessionsEqualBlockingOnesAlone) {
   EXPECT_NE(alone[0].tokens, alone[1].tokens);
   EXPECT_GT(lm.totals().max_batch, 1) << "the scheduler never batched";
   EXPECT_GT(codec.totals().max_encodes, 1);
+  int overlapped = 0;
+  for (auto& c : s) overlapped += c.overlapped;
+  if (depth == 1) {
+    EXPECT_EQ(overlapped, 0);
+  } else {
+    EXPECT_GT(overlapped, kSessions * (kFrames - depth) / 2) << "the frames did not overlap";
+  }
+}
+
+TEST(SessionLoop, CallbackDrivenSessionsEqualBlockingOnesAlone) { callback_driven_sessions_equal_blocking_ones_alone(1); }
+
+TEST(SessionLoop, PipelinedSessionsEqualBlockingOnesAlone) {
+  ASSERT_GE(Conversation::kMaxFramesInFlight, 2);
+  callback_driven_sessions_equal_blocking_ones_alone(Conversation::kMaxFramesInFlight);
+}
+
+// A frame past the pipeline's depth is refused at once, and nothing is lost: the frames in flight
+// complete.
+TEST(SessionLoop, AFrameBeyondThePipelineIsRefused) {
+  TinyModel t;
+  const LmGenConfig gen = *t.cfg.lm_gen;
+  CodecScheduler codec(t.backend->codec_batch(1));
+  LmScheduler lm(t.backend->lm_batch(1, -1));
+  auto cs = codec.open(0);
+  auto st = lm.open(0, gen, 7);
+  Conversation conv(*cs, *st, gen);
+  const int fs = cs->frame_samples();
+  const std::vector<float> audio = session_audio(0, Conversation::kMaxFramesInFlight + 1, fs);
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  // Each frame takes a codec pass and an LM step, so right after they are given both are usually
+  // still in flight (the refusal is checked only when they are).
+  std::unique_lock<std::mutex> hold(mu);
+  for (int k = 0; k < Conversation::kMaxFramesInFlight; ++k)
+    conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&](std::optional<FrameOut>, std::exception_ptr e) {
+      std::lock_guard<std::mutex> lk(mu);
+      EXPECT_FALSE(e);
+      ++done;
+      cv.notify_all();
+    });
+  EXPECT_LE(conv.frames_in_flight(), Conversation::kMaxFramesInFlight);
+  if (conv.frames_in_flight() == Conversation::kMaxFramesInFlight)
+    EXPECT_THROW(conv.step_async(audio.data(), [](std::optional<FrameOut>, std::exception_ptr) {}), Error);
+  ASSERT_TRUE(cv.wait_for(hold, std::chrono::seconds(20), [&] { return done == Conversation::kMaxFramesInFlight; }));
+  EXPECT_EQ(conv.frames_in_flight(), 0);
 }
 
 // An error of any stage reaches the frame's callback once, and the session can step again.
@@ -262,6 +334,88 @@ TEST(SessionLoop, AFailedStageReachesTheCallback) {
   g = step(6);
   EXPECT_EQ(g.error, "");
   EXPECT_TRUE(g.frame);
+}
+
+// Pipelined: a frame that fails fails the frame in flight behind it, if any, with the same error (its
+// model state followed the failed one's); frames before it are unaffected, and the session steps on.
+TEST(SessionLoop, APipelinedFailureFailsTheFrameBehindIt) {
+  TinyModel t;
+  const LmGenConfig gen = *t.cfg.lm_gen;
+  // The scheduler's codec stream, whose decode_async fails on the call it is told to.
+  struct FlakyAsync : CodecStream {
+    std::unique_ptr<CodecStream> inner;
+    std::atomic<int> decodes{0};
+    int fail_decode = -1;
+    int frame_samples() const override { return inner->frame_samples(); }
+    int num_codebooks() const override { return inner->num_codebooks(); }
+    int codebook_size() const override { return inner->codebook_size(); }
+    void reset() override { inner->reset(); }
+    void encode(const float* pcm, int32_t* codes) override { inner->encode(pcm, codes); }
+    void decode(const int32_t* codes, float* pcm) override { inner->decode(codes, pcm); }
+    void encode_async(const float* pcm, int32_t* codes, Done done) override { inner->encode_async(pcm, codes, done); }
+    void decode_async(const int32_t* codes, float* pcm, Done done) override {
+      if (decodes++ == fail_decode) return done(std::make_exception_ptr(Error("decode failed")));
+      inner->decode_async(codes, pcm, done);
+    }
+  };
+  CodecScheduler codec(t.backend->codec_batch(1));
+  LmScheduler lm(t.backend->lm_batch(1, -1));
+  FlakyAsync cs;
+  cs.inner = codec.open(0);
+  auto st = lm.open(0, gen, 3);
+  Conversation conv(cs, *st, gen);
+  ASSERT_TRUE(lm.run_system_prompts(*st, conv, short_prompt(1)));
+  const int fs = cs.frame_samples();
+  constexpr int kFrames = 12;
+  const std::vector<float> audio = session_audio(1, kFrames, fs);
+  cs.fail_decode = 4;  // the fifth frame with output
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> got;  // per frame in completion order: "" or the error
+  std::vector<bool> had_output;
+  int issued = 0;
+  std::function<void()> step = [&] {
+    int k = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (issued == kFrames) return;
+      k = issued++;
+    }
+    conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&](std::optional<FrameOut> f, std::exception_ptr e) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        std::string err;
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            err = x.what();
+          }
+        }
+        got.push_back(err);
+        had_output.push_back(f.has_value());
+        cv.notify_all();
+      }
+      step();
+    });
+  };
+  for (int k = 0; k < Conversation::kMaxFramesInFlight; ++k) step();
+  std::unique_lock<std::mutex> lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return static_cast<int>(got.size()) == kFrames; }));
+  int first_failed = -1, failures = 0;
+  for (int k = 0; k < kFrames; ++k) {
+    if (got[k].empty()) continue;
+    EXPECT_EQ(got[k], "decode failed") << "frame " << k;
+    EXPECT_FALSE(had_output[k]);
+    if (first_failed < 0) first_failed = k;
+    ++failures;
+  }
+  ASSERT_GE(first_failed, 0) << "no decode failed";
+  // The failed frame and those in flight behind it (whether the next one was given before the
+  // failure depends on timing).
+  EXPECT_LE(failures, Conversation::kMaxFramesInFlight);
+  for (int k = first_failed; k < first_failed + failures; ++k) EXPECT_FALSE(got[k].empty()) << "frame " << k;
+  for (int k = first_failed + failures; k < kFrames; ++k) EXPECT_TRUE(had_output[k]) << "frame " << k << " after the failure";
 }
 
 }  // namespace

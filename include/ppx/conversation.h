@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,8 +68,9 @@ class CodecStream {
   virtual void decode(const int32_t* codes, float* pcm) = 0;
   // encode() and decode() without waiting, where the stream can: `done` runs once the call is
   // complete (on another thread, or here before returning) with its error or nullptr. The arrays
-  // must stay alive until then, and a stream has one call in flight at a time. By default the call
-  // runs here.
+  // must stay alive until then. A stream has at most one encode and one decode in flight at a time
+  // (the two may overlap: the encoder's and the decoder's states are separate). By default the
+  // call runs here.
   using Done = std::function<void(std::exception_ptr)>;
   virtual void encode_async(const float* pcm, int32_t* codes, Done done);
   virtual void decode_async(const int32_t* codes, float* pcm, Done done);
@@ -120,6 +123,9 @@ class Conversation {
  public:
   // `codec` and `stepper` must outlive this object; they hold the session's model state.
   Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen);
+  ~Conversation();
+  Conversation(const Conversation&) = delete;
+  Conversation& operator=(const Conversation&) = delete;
 
   // Runs the four prompt phases (voice, silence, text, silence) and resets the codec. Throws
   // ppx::Error when they would not fit in the LM context. `on_step(done, total)` reports progress
@@ -142,33 +148,45 @@ class Conversation {
   std::optional<FrameOut> step(const float* pcm_in, StageTimes* times = nullptr);
   // step() without waiting for the codec and the LM where they can (CodecStream::encode_async,
   // LmStepper::run_async): returns at once, and `done` runs once the frame is complete with the
-  // frame (nullopt before outputs start) or the error, on the thread that completed the last stage
-  // (a scheduler's: keep it short and hand longer work on), or here before returning. One frame in
-  // flight at a time; this object, its codec and stepper must stay alive until `done` has run.
+  // frame (nullopt before outputs start) or the error, on the thread that completed the frame's
+  // last stage (a scheduler's: keep it short and hand longer work on), or here before returning.
+  //
+  // Up to kMaxFramesInFlight frames may be in flight, pipelined: a frame's encode runs while the
+  // one before it is in the LM, and its LM step starts as soon as that one's step ends (its decode
+  // runs beside). So a session that has fallen behind takes a frame in every batch step of the
+  // schedulers instead of one every encode + step + decode, and the tokens are the same as one
+  // frame at a time (each stage runs the frames in order, and the LM state passes from a step to
+  // the next as in step()). The `done`s run in the order the frames were given, one at a time.
+  // Once a frame fails, the frames in flight behind it fail with the same error (their model state
+  // followed the failed one's); frames given after the failure run as usual. This object, its codec and stepper must stay alive until every
+  // `done` has run. Throws ppx::Error when kMaxFramesInFlight frames are already in flight.
   using FrameDone = std::function<void(std::optional<FrameOut>, std::exception_ptr)>;
+  static constexpr int kMaxFramesInFlight = 2;
   void step_async(const float* pcm_in, FrameDone done);
+  // Frames given to step_async() whose `done` has not run yet.
+  int frames_in_flight() const;
   const LmGen& lm_gen() const { return gen_; }
 
  private:
-  void after_encode();
-  void after_lm();
-  void end_async(std::optional<FrameOut> f, std::exception_ptr error);
+  struct Frame;
+  void pump();
+  void encoded(Frame* f, std::exception_ptr e);
+  void stepped(Frame* f, std::exception_ptr e);
+  void decoded(Frame* f, std::exception_ptr e);
+  void fail_locked(Frame* f, std::exception_ptr e);
+  void deliver();
 
   CodecStream& codec_;
   LmStepper& stepper_;
   const LmConfig& lm_cfg_;
   LmGenConfig cfg_;
   LmGen gen_;
-  // The frame of step_async() in flight.
-  struct InFlight {
-    std::vector<float> pcm_in;
-    std::vector<int32_t> codes;
-    std::vector<int64_t> user;
-    StepResult result;
-    std::vector<int32_t> agent;
-    FrameOut frame;
-    FrameDone done;
-  } async_;
+  // The frames of step_async() in flight, oldest first, and which stage runs one now (each at most
+  // one frame at a time, in order). Guarded by mu_.
+  mutable std::mutex mu_;
+  std::deque<std::unique_ptr<Frame>> frames_;
+  bool encoding_ = false, stepping_ = false, decoding_ = false;
+  bool delivering_ = false;  // a thread is running `done`s (they run one at a time, in order)
 };
 
 }  // namespace ppx

@@ -25,10 +25,10 @@ class CodecScheduler::SlotCodec : public CodecStream {
   void encode(const float* pcm, int32_t* codes) override { submit(Kind::kEncode, pcm, codes); }
   void decode(const int32_t* codes, float* pcm) override { submit(Kind::kDecode, nullptr, nullptr, codes, pcm); }
   void encode_async(const float* pcm, int32_t* codes, Done done) override {
-    post(Kind::kEncode, std::move(done), pcm, codes);
+    post(enc_async_, Kind::kEncode, std::move(done), pcm, codes);
   }
   void decode_async(const int32_t* codes, float* pcm, Done done) override {
-    post(Kind::kDecode, std::move(done), nullptr, nullptr, codes, pcm);
+    post(dec_async_, Kind::kDecode, std::move(done), nullptr, nullptr, codes, pcm);
   }
 
  private:
@@ -41,11 +41,11 @@ class CodecScheduler::SlotCodec : public CodecStream {
     j.codes_in = codes_in;
     j.pcm_out = pcm_out;
   }
-  // Queues a job of this slot in async_ (one in flight); `done` gets its error.
-  void post(Kind kind, Done done, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
+  // Queues a job of this slot in `job` (one of each kind in flight); `done` gets its error.
+  void post(Job& job, Kind kind, Done done, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
             const int32_t* codes_in = nullptr, float* pcm_out = nullptr) {
-    fill(async_, kind, slot_, pcm_in, codes_out, codes_in, pcm_out);
-    s_.queue_.post(async_, [this, done = std::move(done)] { done(async_.error); });
+    fill(job, kind, slot_, pcm_in, codes_out, codes_in, pcm_out);
+    s_.queue_.post(job, [&job, done = std::move(done)] { done(job.error); });
   }
   // Runs a job of this slot (blocks until the scheduler has).
   void submit(Kind kind, const float* pcm_in = nullptr, int32_t* codes_out = nullptr,
@@ -57,7 +57,7 @@ class CodecScheduler::SlotCodec : public CodecStream {
 
   CodecScheduler& s_;
   int slot_;
-  Job async_;  // the posted call in flight
+  Job enc_async_, dec_async_;  // the posted calls in flight (an encode and a decode may overlap)
 };
 
 CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass)

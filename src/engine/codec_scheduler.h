@@ -7,7 +7,7 @@
 // Sessions reach it through the CodecStream that open() returns: its encode()/decode() hand the
 // frame to the scheduler and block until the pass that carries it is done (encode_async() and
 // decode_async() return at once and call back from the scheduler's thread instead), so a session
-// has at most one codec call in flight. reset() goes through the same queue without waiting (the
+// has at most one encode and one decode in flight (a pipelined Conversation overlaps the two). reset() goes through the same queue without waiting (the
 // slot's later calls run after it).
 #pragma once
 

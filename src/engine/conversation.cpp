@@ -71,8 +71,27 @@ void CodecStream::decode_async(const int32_t* codes, float* pcm, Done done) {
   run_now([&] { decode(codes, pcm); }, done);
 }
 
+// One frame of step_async(), from its input to its `done`.
+struct Conversation::Frame {
+  enum class Stage { kQueued, kEncoding, kEncoded, kStepping, kStepped, kDecoding, kDone };
+  Stage stage = Stage::kQueued;
+  std::vector<float> pcm_in;
+  std::vector<int32_t> codes;
+  std::vector<int64_t> user;
+  StepResult result;
+  std::vector<int32_t> agent;
+  std::optional<FrameOut> out;  // set once stepped, when the step produced output
+  std::exception_ptr error;
+  // An earlier frame's error, set as it failed while this one was in flight: this frame fails with
+  // it as soon as no stage of it runs (its model state followed the failed one's).
+  std::exception_ptr poison;
+  FrameDone done;
+};
+
 Conversation::Conversation(CodecStream& codec, LmStepper& stepper, const LmGenConfig& gen)
     : codec_(codec), stepper_(stepper), lm_cfg_(stepper.config()), cfg_(gen), gen_(stepper, gen) {}
+
+Conversation::~Conversation() = default;
 
 void Conversation::check_system_prompts(const SystemPrompt& p) const {
   const LmConfig& c = lm_cfg_;
@@ -174,56 +193,200 @@ std::optional<FrameOut> Conversation::step(const float* pcm_in, StageTimes* time
   return f;
 }
 
+int Conversation::frames_in_flight() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int>(frames_.size());
+}
+
 void Conversation::step_async(const float* pcm_in, FrameDone done) {
-  if (async_.done) throw Error("Conversation: a frame is already in flight");
-  const int half = lm_cfg_.n_q / 2;
-  async_.done = std::move(done);
-  async_.pcm_in.assign(pcm_in, pcm_in + codec_.frame_samples());
-  async_.codes.assign(static_cast<size_t>(half), 0);
-  codec_.encode_async(async_.pcm_in.data(), async_.codes.data(), [this](std::exception_ptr e) {
-    if (e) return end_async(std::nullopt, e);
-    after_encode();
-  });
+  auto f = std::make_unique<Frame>();
+  f->pcm_in.assign(pcm_in, pcm_in + codec_.frame_samples());
+  f->codes.assign(static_cast<size_t>(lm_cfg_.n_q / 2), 0);
+  f->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (static_cast<int>(frames_.size()) >= kMaxFramesInFlight)
+      throw Error("Conversation: " + std::to_string(kMaxFramesInFlight) + " frames are already in flight");
+    frames_.push_back(std::move(f));
+  }
+  pump();
 }
 
-void Conversation::after_encode() {
-  try {
-    async_.user.assign(async_.codes.begin(), async_.codes.end());
-    const StepRequest* req = gen_.begin_step(async_.user.data(), nullptr, std::nullopt);
-    if (!req) return end_async(std::nullopt, nullptr);
-    stepper_.run_async(*req, async_.result, [this](std::exception_ptr e) {
-      if (e) return end_async(std::nullopt, e);
-      after_lm();
-    });
-  } catch (...) {
-    end_async(std::nullopt, std::current_exception());
+// Starts every stage that can start: the oldest frame waiting for it, once the stage is free and
+// (LM, decode) the frame's earlier stage is done. Each start is decided and marked under the lock
+// and made outside it (a stage may complete at once, here, and call back into pump()), so two
+// threads never start the same stage. A frame that was in flight behind a failed one fails as
+// soon as no stage of it runs; frames before it, and frames given after the failure, go on. Then
+// hands finished frames to deliver().
+void Conversation::pump() {
+  using Stage = Frame::Stage;
+  for (;;) {
+    Frame* enc = nullptr;
+    Frame* lm = nullptr;
+    Frame* dec = nullptr;
+    const StepRequest* req = nullptr;
+    bool finished = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& p : frames_) {
+        Frame& f = *p;
+        const bool running = f.stage == Stage::kEncoding || f.stage == Stage::kStepping || f.stage == Stage::kDecoding;
+        if (f.stage == Stage::kDone) continue;
+        if (f.poison) {
+          if (!running) {
+            f.error = f.poison;
+            f.stage = Stage::kDone;
+          }
+          continue;
+        }
+        if (!encoding_ && f.stage == Stage::kQueued && !enc) {
+          enc = &f;
+          f.stage = Stage::kEncoding;
+          encoding_ = true;
+        }
+        if (!stepping_ && f.stage == Stage::kEncoded && !lm) {
+          // begin_step here, under the lock: the LM state is the previous frame's end_step's.
+          try {
+            f.user.assign(f.codes.begin(), f.codes.end());
+            req = gen_.begin_step(f.user.data(), nullptr, std::nullopt);
+            if (req) {
+              lm = &f;
+              f.stage = Stage::kStepping;
+              stepping_ = true;
+            } else {
+              f.stage = Stage::kDone;  // no step to run: no output
+            }
+          } catch (...) {
+            fail_locked(&f, std::current_exception());
+            continue;
+          }
+        }
+        if (!decoding_ && f.stage == Stage::kStepped && !dec) {
+          if (f.out) {
+            dec = &f;
+            f.stage = Stage::kDecoding;
+            decoding_ = true;
+          } else {
+            f.stage = Stage::kDone;  // before outputs start: nothing to decode
+          }
+        }
+      }
+      finished = !frames_.empty() && frames_.front()->stage == Stage::kDone;
+    }
+    if (!enc && !lm && !dec) {
+      if (finished) deliver();
+      return;
+    }
+    // A call that throws (a scheduler that has stopped) completes its stage with the error.
+    if (enc) {
+      try {
+        codec_.encode_async(enc->pcm_in.data(), enc->codes.data(), [this, enc](std::exception_ptr e) { encoded(enc, e); });
+      } catch (...) {
+        encoded(enc, std::current_exception());
+      }
+    }
+    if (lm) {
+      try {
+        stepper_.run_async(*req, lm->result, [this, lm](std::exception_ptr e) { stepped(lm, e); });
+      } catch (...) {
+        stepped(lm, std::current_exception());
+      }
+    }
+    if (dec) {
+      try {
+        codec_.decode_async(dec->agent.data(), dec->out->pcm.data(), [this, dec](std::exception_ptr e) { decoded(dec, e); });
+      } catch (...) {
+        decoded(dec, std::current_exception());
+      }
+    }
   }
 }
 
-void Conversation::after_lm() {
-  try {
-    const auto out = gen_.end_step(async_.result);
-    if (!out) return end_async(std::nullopt, nullptr);
-    const int half = lm_cfg_.n_q / 2;
-    FrameOut& f = async_.frame;
-    f.tokens = *out;
-    f.text_token = (*out)[0];
-    async_.agent.resize(static_cast<size_t>(half));
-    for (int q = 0; q < half; ++q) async_.agent[static_cast<size_t>(q)] = static_cast<int32_t>((*out)[1 + q]);
-    f.pcm.assign(static_cast<size_t>(codec_.frame_samples()), 0.f);
-    codec_.decode_async(async_.agent.data(), f.pcm.data(), [this](std::exception_ptr e) {
-      if (e) return end_async(std::nullopt, e);
-      end_async(std::move(async_.frame), nullptr);
-    });
-  } catch (...) {
-    end_async(std::nullopt, std::current_exception());
+// Under mu_: f failed with e; the frames in flight behind it follow it.
+void Conversation::fail_locked(Frame* f, std::exception_ptr e) {
+  f->error = e;
+  f->stage = Frame::Stage::kDone;
+  bool behind = false;
+  for (auto& p : frames_) {
+    if (behind && !p->error && !p->poison) p->poison = e;
+    behind = behind || p.get() == f;
   }
 }
 
-void Conversation::end_async(std::optional<FrameOut> f, std::exception_ptr error) {
-  FrameDone done = std::move(async_.done);  // `this` may be gone once it has run
-  async_.done = nullptr;
-  if (done) done(std::move(f), error);
+void Conversation::encoded(Frame* f, std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    encoding_ = false;
+    if (e) fail_locked(f, e);
+    f->stage = e ? Frame::Stage::kDone : Frame::Stage::kEncoded;
+  }
+  pump();
+}
+
+void Conversation::stepped(Frame* f, std::exception_ptr e) {
+  if (!e) {
+    // The LM stage is still this frame's (stepping_): nothing else touches gen_ until it ends.
+    try {
+      const auto out = gen_.end_step(f->result);
+      if (out) {
+        const int half = lm_cfg_.n_q / 2;
+        FrameOut o;
+        o.tokens = *out;
+        o.text_token = (*out)[0];
+        f->agent.resize(static_cast<size_t>(half));
+        for (int q = 0; q < half; ++q) f->agent[static_cast<size_t>(q)] = static_cast<int32_t>((*out)[1 + q]);
+        o.pcm.assign(static_cast<size_t>(codec_.frame_samples()), 0.f);
+        f->out = std::move(o);
+      }
+    } catch (...) {
+      e = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stepping_ = false;
+    if (e) fail_locked(f, e);
+    f->stage = e ? Frame::Stage::kDone : Frame::Stage::kStepped;
+  }
+  pump();
+}
+
+void Conversation::decoded(Frame* f, std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    decoding_ = false;
+    if (e) fail_locked(f, e);
+    f->stage = Frame::Stage::kDone;
+  }
+  pump();
+}
+
+// Runs the `done` of every finished frame at the front, in order, one thread at a time. A frame
+// that failed hands its error and no output.
+void Conversation::deliver() {
+  for (;;) {
+    std::unique_ptr<Frame> f;
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (delivering_ || frames_.empty() || frames_.front()->stage != Frame::Stage::kDone) return;
+      f = std::move(frames_.front());
+      frames_.pop_front();
+      // With no frame left in flight the caller may destroy this object as soon as `done` runs:
+      // then nothing here is touched after it.
+      last = frames_.empty();
+      delivering_ = !last;
+    }
+    FrameDone done = std::move(f->done);
+    std::optional<FrameOut> out;
+    if (!f->error) out = std::move(f->out);
+    if (done) done(std::move(out), f->error);
+    if (last) return;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      delivering_ = false;
+    }
+  }
 }
 
 }  // namespace ppx

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include <boost/asio/post.hpp>
 
@@ -182,8 +185,13 @@ struct SessionCore::Live {
   Clock::time_point t_start;        // the session's start (the duration limit)
   Clock::time_point t_conv;         // the handshake (pacing)
   Clock::time_point last_activity;  // the idle limit
-  Clock::time_point t_frame;        // the frame in flight: when it started
-  bool in_flight = false;           // a frame is in the schedulers
+  // The frames in flight (Conversation::step_async pipelines up to kMaxFramesInFlight): when each
+  // started, oldest first.
+  std::deque<Clock::time_point> t_frames;
+  int64_t started = 0;  // frames handed to the conversation (pacing)
+  // Why the session ends, once it must while frames are still in flight: it ends as the last one
+  // comes back (their model state is the slot's until then).
+  std::optional<std::pair<SessionEnd, std::string>> ending;
 };
 
 SessionCore::SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol)
@@ -404,7 +412,8 @@ void SessionCore::tick() {
   tick_posted_ = false;  // before anything is read: a later event posts again
   if (!live_) return;    // ended
   Live& L = *live_;
-  if (L.in_flight) return;  // a frame in flight ticks when it completes
+  if (L.ending) return;  // waits for its frames in flight
+  if (static_cast<int>(L.t_frames.size()) >= Conversation::kMaxFramesInFlight) return;  // a completion ticks
   const ServerModel& m = hub_->model;
   const ServerOptions& o = hub_->opts;
   Protocol& proto = *protocol_;
@@ -414,23 +423,28 @@ void SessionCore::tick() {
     const auto now = Clock::now();
     if (o.max_session_duration_s > 0 &&
         now - L.t_start >= std::chrono::duration<double>(o.max_session_duration_s))
-      return end_live(SessionEnd::kMaxDuration,
-                      "maximum session duration reached (" + fmt_seconds(o.max_session_duration_s) + ")");
+      return end_when_idle(SessionEnd::kMaxDuration,
+                           "maximum session duration reached (" + fmt_seconds(o.max_session_duration_s) + ")");
     const size_t before = proto.available();
     SessionEnd why = SessionEnd::kClientLeft;
-    if (!pump_input(why, detail)) return end_live(why, detail);
+    if (!pump_input(why, detail)) return end_when_idle(why, detail);
     // Audio decoded, or paced audio still waiting, is activity.
     if (proto.available() > before || proto.available() >= static_cast<size_t>(fs)) L.last_activity = now;
     if (now - L.last_activity > std::chrono::duration<double>(o.idle_timeout_s))
-      return end_live(SessionEnd::kIdleTimeout, "idle timeout: no audio received for " + fmt_seconds(o.idle_timeout_s));
+      return end_when_idle(SessionEnd::kIdleTimeout, "idle timeout: no audio received for " + fmt_seconds(o.idle_timeout_s));
     const auto frame_dur = std::chrono::duration<double>(static_cast<double>(fs) / sr);
-    const auto due = L.t_conv + std::chrono::duration_cast<Clock::duration>(
-                                    frame_dur * static_cast<double>(std::max<int64_t>(0, frames_ - kBurstFrames)));
-    const bool paced = proto.available() >= static_cast<size_t>(fs);
-    if (paced && now >= due) {
+    auto due = [&] {
+      return L.t_conv + std::chrono::duration_cast<Clock::duration>(
+                            frame_dur * static_cast<double>(std::max<int64_t>(0, L.started - kBurstFrames)));
+    };
+    bool paced = proto.available() >= static_cast<size_t>(fs);
+    // Frames start while they are due, up to the pipeline's depth: a session that has fallen
+    // behind hands its next frame over while this one is still in the schedulers.
+    while (paced && now >= due() && static_cast<int>(L.t_frames.size()) < Conversation::kMaxFramesInFlight) {
       const std::vector<float> pcm = proto.take(static_cast<size_t>(fs));
-      L.in_flight = true;
-      L.t_frame = Clock::now();
+      const Clock::time_point t_frame = Clock::now();
+      // The completion is posted to this strand, so it runs after this tick: t_frames is in
+      // step with the conversation's frames once step_async has returned.
       L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
                                                                   std::exception_ptr e) mutable {
         // On a scheduler's thread: the rest runs on the session's strand, which takes the
@@ -446,9 +460,13 @@ void SessionCore::tick() {
           log::error("session frame lost: cannot hand it back (out of memory)", {});
         }
       });
-      return;
+      L.t_frames.push_back(t_frame);
+      ++L.started;
+      paced = proto.available() >= static_cast<size_t>(fs);
     }
-    const auto wake = paced ? std::min(due, now + std::chrono::milliseconds(100)) : now + std::chrono::milliseconds(100);
+    if (static_cast<int>(L.t_frames.size()) >= Conversation::kMaxFramesInFlight) return;  // a completion ticks
+    const auto wake =
+        paced ? std::min(due(), now + std::chrono::milliseconds(100)) : now + std::chrono::milliseconds(100);
     timer_.expires_at(wake);
     timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       if (ec) return;
@@ -456,21 +474,42 @@ void SessionCore::tick() {
     });
   } catch (...) {
     const SessionEnd why = failed(std::current_exception(), detail);
-    if (live_) {
-      live_->in_flight = false;  // a frame that could not start
-      end_live(why, detail);
-    }
+    if (live_) end_when_idle(why, detail);  // a frame that could not start is not in t_frames
   }
+}
+
+void SessionCore::end_when_idle(SessionEnd why, const std::string& detail) {
+  if (!live_) return;
+  Live& L = *live_;
+  if (!L.t_frames.empty()) {
+    if (!L.ending) L.ending.emplace(why, detail);  // the first reason stands
+    try {
+      timer_.cancel();
+    } catch (...) {
+    }
+    return;
+  }
+  end_live(why, detail);
 }
 
 void SessionCore::frame_done(std::optional<FrameOut> f, std::exception_ptr error) {
   Live& L = *live_;
-  L.in_flight = false;
+  const Clock::time_point t_frame = L.t_frames.front();
+  L.t_frames.pop_front();
   std::string detail;
+  if (L.ending) {
+    // Ending: the frames still in flight come back (a later one fails with an earlier one's
+    // error) and are dropped; the last one ends the session.
+    if (L.t_frames.empty()) {
+      const auto ending = std::move(*L.ending);
+      end_live(ending.first, ending.second);
+    }
+    return;
+  }
   try {
     if (error) std::rethrow_exception(error);
     const ServerModel& m = hub_->model;
-    const double frame_ms = std::chrono::duration<double, std::milli>(Clock::now() - L.t_frame).count();
+    const double frame_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_frame).count();
     const double budget_ms = 1000.0 * m.frame_samples / m.sample_rate;
     hub_->metrics.frame(frame_ms, budget_ms);
     budget_misses_ += frame_ms > budget_ms;
@@ -479,12 +518,12 @@ void SessionCore::frame_done(std::optional<FrameOut> f, std::exception_ptr error
       ++frames_;
       if (!alive()) {
         const SessionEnd why = killed(detail);
-        return end_live(why, detail);
+        return end_when_idle(why, detail);
       }
     }
   } catch (...) {
     const SessionEnd why = failed(std::current_exception(), detail);
-    return end_live(why, detail);
+    return end_when_idle(why, detail);
   }
   tick();  // the next frame at once when it is due
 }

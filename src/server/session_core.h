@@ -179,6 +179,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void tick();       // input, limits, the next frame or the next wake-up
   void frame_done(std::optional<FrameOut> f, std::exception_ptr error);
   void end_live(SessionEnd why, const std::string& detail);
+  // end_live once no frame is in flight: at once, or as the last one comes back.
+  void end_when_idle(SessionEnd why, const std::string& detail);
   // Moves queued client input into the protocol's decoder. False (with `why` and `detail` set)
   // when the session must end (killed, or the input failed).
   bool pump_input(SessionEnd& why, std::string& detail);
