@@ -144,19 +144,18 @@ struct ChainedSession {
       k = issued++;
     }
     conv->step_async(audio.data() + static_cast<size_t>(k) * fs, [this, k](std::optional<FrameOut> f, std::exception_ptr e) {
+      bool end = false;
       {
         std::lock_guard<std::mutex> lk(mu);
         EXPECT_EQ(k, completed) << "frames completed out of order";
         ++completed;
         if (issued > completed) ++overlapped;
-        if (error) return;  // a frame after the failed one
-        if (e) {
-          error = e;
-        } else if (f) {
-          append(out, *f);
-        }
+        if (e && !error) error = e;
+        if (!error && f) append(out, *f);
+        // The session ends with its last frame back (nothing of it in flight any more).
+        end = completed == issued && (error || completed == frames);
       }
-      if (e || completed == frames) return ended();
+      if (end) return ended();
       step();  // from the scheduler's thread: no thread of the session's own
     });
   }
@@ -237,19 +236,51 @@ TEST(SessionLoop, PipelinedSessionsEqualBlockingOnesAlone) {
 TEST(SessionLoop, AFrameBeyondThePipelineIsRefused) {
   TinyModel t;
   const LmGenConfig gen = *t.cfg.lm_gen;
+  // The scheduler's codec stream, with its encodes held back until release(): nothing completes
+  // while the frames are given.
+  struct Gated : CodecStream {
+    std::unique_ptr<CodecStream> inner;
+    std::mutex m;
+    bool open = false;
+    std::vector<std::function<void()>> held;
+    int frame_samples() const override { return inner->frame_samples(); }
+    int num_codebooks() const override { return inner->num_codebooks(); }
+    int codebook_size() const override { return inner->codebook_size(); }
+    void reset() override { inner->reset(); }
+    void encode(const float* pcm, int32_t* codes) override { inner->encode(pcm, codes); }
+    void decode(const int32_t* codes, float* pcm) override { inner->decode(codes, pcm); }
+    void encode_async(const float* pcm, int32_t* codes, Done done) override {
+      {
+        std::lock_guard<std::mutex> lk(m);
+        if (!open) {
+          held.push_back([this, pcm, codes, done] { inner->encode_async(pcm, codes, done); });
+          return;
+        }
+      }
+      inner->encode_async(pcm, codes, std::move(done));
+    }
+    void decode_async(const int32_t* codes, float* pcm, Done done) override { inner->decode_async(codes, pcm, done); }
+    void release() {
+      std::vector<std::function<void()>> h;
+      {
+        std::lock_guard<std::mutex> lk(m);
+        open = true;
+        h.swap(held);
+      }
+      for (auto& f : h) f();
+    }
+  };
   CodecScheduler codec(t.backend->codec_batch(1));
   LmScheduler lm(t.backend->lm_batch(1, -1));
-  auto cs = codec.open(0);
+  Gated cs;
+  cs.inner = codec.open(0);
   auto st = lm.open(0, gen, 7);
-  Conversation conv(*cs, *st, gen);
-  const int fs = cs->frame_samples();
+  Conversation conv(cs, *st, gen);
+  const int fs = cs.frame_samples();
   const std::vector<float> audio = session_audio(0, Conversation::kMaxFramesInFlight + 1, fs);
   std::mutex mu;
   std::condition_variable cv;
   int done = 0;
-  // Each frame takes a codec pass and an LM step, so right after they are given both are usually
-  // still in flight (the refusal is checked only when they are).
-  std::unique_lock<std::mutex> hold(mu);
   for (int k = 0; k < Conversation::kMaxFramesInFlight; ++k)
     conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&](std::optional<FrameOut>, std::exception_ptr e) {
       std::lock_guard<std::mutex> lk(mu);
@@ -257,10 +288,11 @@ TEST(SessionLoop, AFrameBeyondThePipelineIsRefused) {
       ++done;
       cv.notify_all();
     });
-  EXPECT_LE(conv.frames_in_flight(), Conversation::kMaxFramesInFlight);
-  if (conv.frames_in_flight() == Conversation::kMaxFramesInFlight)
-    EXPECT_THROW(conv.step_async(audio.data(), [](std::optional<FrameOut>, std::exception_ptr) {}), Error);
-  ASSERT_TRUE(cv.wait_for(hold, std::chrono::seconds(20), [&] { return done == Conversation::kMaxFramesInFlight; }));
+  EXPECT_EQ(conv.frames_in_flight(), Conversation::kMaxFramesInFlight);
+  EXPECT_THROW(conv.step_async(audio.data(), [](std::optional<FrameOut>, std::exception_ptr) {}), Error);
+  cs.release();
+  std::unique_lock<std::mutex> lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return done == Conversation::kMaxFramesInFlight; }));
   EXPECT_EQ(conv.frames_in_flight(), 0);
 }
 
@@ -371,9 +403,9 @@ TEST(SessionLoop, APipelinedFailureFailsTheFrameBehindIt) {
   cs.fail_decode = 4;  // the fifth frame with output
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::string> got;  // per frame in completion order: "" or the error
-  std::vector<bool> had_output;
-  int issued = 0;
+  std::vector<std::string> got(kFrames);  // per frame: "" or the error
+  std::vector<char> had_output(kFrames, 0);
+  int issued = 0, completed = 0;
   std::function<void()> step = [&] {
     int k = 0;
     {
@@ -381,27 +413,26 @@ TEST(SessionLoop, APipelinedFailureFailsTheFrameBehindIt) {
       if (issued == kFrames) return;
       k = issued++;
     }
-    conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&](std::optional<FrameOut> f, std::exception_ptr e) {
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        std::string err;
-        if (e) {
-          try {
-            std::rethrow_exception(e);
-          } catch (const std::exception& x) {
-            err = x.what();
-          }
+    conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&, k](std::optional<FrameOut> f, std::exception_ptr e) {
+      std::string err;
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          err = x.what();
         }
-        got.push_back(err);
-        had_output.push_back(f.has_value());
-        cv.notify_all();
       }
-      step();
+      step();  // first: once the last completion is counted the test may end
+      std::lock_guard<std::mutex> lk(mu);
+      got[static_cast<size_t>(k)] = err;
+      had_output[static_cast<size_t>(k)] = f.has_value();
+      ++completed;
+      cv.notify_all();
     });
   };
   for (int k = 0; k < Conversation::kMaxFramesInFlight; ++k) step();
   std::unique_lock<std::mutex> lk(mu);
-  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return static_cast<int>(got.size()) == kFrames; }));
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return completed == kFrames; }));
   int first_failed = -1, failures = 0;
   for (int k = 0; k < kFrames; ++k) {
     if (got[k].empty()) continue;
