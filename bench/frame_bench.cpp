@@ -109,6 +109,7 @@ struct SessionRun {
   int frames = 0, warmup = 0, prefill = 0, prompt_steps = 0;
   bool codec_batch = true;
   int frames_in_flight = ppx::Conversation::kMaxFramesInFlight;  // per session (--frames-in-flight)
+  double codec_gather_ms = 0;                                     // --codec-gather-ms
 };
 // Free device memory in bytes on this thread's CUDA device; -1 without one.
 double device_free_bytes() {
@@ -152,7 +153,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
                                                           std::lock_guard<std::mutex> lk(mu);
                                                           codec_ms.push_back(i.ms);
                                                           codec_rows.push_back(i.encodes + i.decodes);
-                                                        });
+                                                        }, o.codec_gather_ms);
   const double free_setup = device_free_bytes();
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
@@ -287,8 +288,12 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
     x.conv->step_async(x.pcm.data(), [&, s](std::optional<ppx::FrameOut> fr, std::exception_ptr e) {
       Session& y = ss[static_cast<size_t>(s)];
       std::lock_guard<std::mutex> lk(mu);
-      if (y.failed) return;  // a frame after the failed one
       const int64_t k = y.completed++;
+      if (y.failed) {  // a frame behind the failed one: the session is done once all are back
+        if (y.completed == y.issued) ++finished;
+        cv.notify_all();
+        return;
+      }
       std::string err;
       if (e) {
         try {
@@ -302,7 +307,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
       if (!err.empty()) {
         errors.push_back("session " + std::to_string(s) + ": " + err);
         y.failed = true;
-        ++finished;
+        if (y.completed == y.issued) ++finished;
         cv.notify_all();
         return;
       }
@@ -352,11 +357,12 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         failure = "unknown error";
       }
       lk.lock();
-      if (failure && !x.failed) {
-        errors.push_back("session " + std::to_string(d.s) + ": " + *failure);
+      if (failure) {
+        --x.issued;  // it never started
+        if (!x.failed) errors.push_back("session " + std::to_string(d.s) + ": " + *failure);
         x.failed = true;
-        ++finished;
-      } else if (!failure) {
+        if (x.completed == x.issued) ++finished;
+      } else {
         queue_next(x, d.s);
       }
     }
@@ -379,6 +385,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["prefill"] = prefill;
   j["prompt_steps"] = o.prompt_steps;
   j["frames_in_flight"] = o.frames_in_flight;
+  j["codec_gather_ms"] = o.codec_gather_ms;
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
@@ -477,6 +484,7 @@ int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, 
   j["prefill"] = o.prefill;
   j["prompt_steps"] = o.prompt_steps;
   j["frames_in_flight"] = o.frames_in_flight;
+  j["codec_gather_ms"] = o.codec_gather_ms;
   j["frame_ms"] = frame_ms;
   j["budget_ms"] = 2 * frame_ms;
   j["plot"] = png;
@@ -605,6 +613,12 @@ int bench(int argc, char** argv) {
                  "and decode before the next frame starts, as before 2026-12-05; the server runs the most)")
       ->capture_default_str()
       ->check(CLI::Range(1, ppx::Conversation::kMaxFramesInFlight));
+  double codec_gather_ms = 0;
+  app.add_option("--codec-gather-ms", codec_gather_ms,
+                 "measurement hook, with --sessions or --sweep and the batched codec: a codec pass with fewer "
+                 "frames than a quarter of the sessions waits up to this long for more (0: off, as shipped)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
@@ -657,7 +671,7 @@ int bench(int argc, char** argv) {
       throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
     mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight}, argc, argv,
+    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms}, argc, argv,
                        out);
   }
   if (!batch_sizes.empty()) {
@@ -672,7 +686,7 @@ int bench(int argc, char** argv) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight}, argc,
+    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms}, argc,
                           argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,6 +52,50 @@ TEST(CodecScheduler, BadCodesAndSlotsAreClearErrors) {
   for (int32_t c : codes) EXPECT_TRUE(c >= 0 && c < t.cfg.mimi.quantizer.bins);
   a->decode(codes.data(), pcm.data());
   EXPECT_EQ(sched.totals().encodes, 1);
+}
+
+// The gather hook (CodecScheduler's gather_ms): with 8 streams open, a pass that found one encode
+// waits for a second (a quarter of 8) before it runs, so two encodes posted one after the other run
+// as one batched call; the codes are those of the blocking calls without the hook.
+TEST(CodecScheduler, GatherMergesPassesAndKeepsTheCodes) {
+  TinyMimi t;
+  CodecScheduler plain(t.backend->codec_batch(8));
+  CodecScheduler gathering(t.backend->codec_batch(8), {}, /*gather_ms=*/1000);
+  std::vector<std::unique_ptr<CodecStream>> a, b;
+  for (int i = 0; i < 8; ++i) {
+    a.push_back(plain.open(i));
+    b.push_back(gathering.open(i));
+  }
+  const int fs = a[0]->frame_samples(), nq = a[0]->num_codebooks();
+  std::vector<float> pcm0(static_cast<size_t>(fs)), pcm1(static_cast<size_t>(fs));
+  for (int n = 0; n < fs; ++n) {
+    pcm0[static_cast<size_t>(n)] = 0.3f * std::sin(0.02f * static_cast<float>(n));
+    pcm1[static_cast<size_t>(n)] = 0.2f * std::sin(0.05f * static_cast<float>(n));
+  }
+  std::vector<int32_t> want0(static_cast<size_t>(nq)), want1(want0.size()), got0(want0.size()), got1(want0.size());
+  a[0]->encode(pcm0.data(), want0.data());
+  a[1]->encode(pcm1.data(), want1.data());
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  auto count = [&](std::exception_ptr e) {
+    EXPECT_FALSE(e);
+    std::lock_guard<std::mutex> lk(mu);
+    ++done;
+    cv.notify_all();
+  };
+  b[0]->encode_async(pcm0.data(), got0.data(), count);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the pass has its first job and waits
+  b[1]->encode_async(pcm1.data(), got1.data(), count);
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return done == 2; }));
+  }
+  EXPECT_EQ(got0, want0);
+  EXPECT_EQ(got1, want1);
+  EXPECT_EQ(gathering.totals().passes, 1);
+  EXPECT_EQ(gathering.totals().max_encodes, 2);
+  EXPECT_THROW(CodecScheduler(t.backend->codec_batch(1), {}, -1), Error);
 }
 
 }  // namespace

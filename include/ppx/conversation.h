@@ -156,10 +156,14 @@ class Conversation {
   // runs beside). So a session that has fallen behind takes a frame in every batch step of the
   // schedulers instead of one every encode + step + decode, and the tokens are the same as one
   // frame at a time (each stage runs the frames in order, and the LM state passes from a step to
-  // the next as in step()). The `done`s run in the order the frames were given, one at a time.
-  // Once a frame fails, the frames in flight behind it fail with the same error (their model state
-  // followed the failed one's); frames given after the failure run as usual. This object, its codec and stepper must stay alive until every
-  // `done` has run. Throws ppx::Error when kMaxFramesInFlight frames are already in flight.
+  // the next as in step()). The `done`s run in the order the frames were given, one at a time (a
+  // frame given from within a `done` may complete while that `done` still runs). Once a frame
+  // fails, the frames in flight behind it fail with the same error (their model state followed the
+  // failed one's). Frames given after a failed encode or decode run as usual; after a failed LM
+  // step the LM cannot step again (LmGen keeps the failed step pending), so they fail too: end the
+  // session. This object, its codec and stepper must stay alive until every `done` has run (it may
+  // be destroyed from within the last one). Throws ppx::Error when kMaxFramesInFlight frames are
+  // already in flight.
   using FrameDone = std::function<void(std::optional<FrameOut>, std::exception_ptr)>;
   static constexpr int kMaxFramesInFlight = 2;
   void step_async(const float* pcm_in, FrameDone done);
@@ -174,7 +178,8 @@ class Conversation {
   void stepped(Frame* f, std::exception_ptr e);
   void decoded(Frame* f, std::exception_ptr e);
   void fail_locked(Frame* f, std::exception_ptr e);
-  void deliver();
+  void claim_locked(std::vector<std::unique_ptr<Frame>>& ready);
+  void deliver(std::vector<std::unique_ptr<Frame>> ready);
 
   CodecStream& codec_;
   LmStepper& stepper_;

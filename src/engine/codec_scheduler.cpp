@@ -11,7 +11,8 @@ namespace ppx {
 // A session's view of the scheduler: a CodecStream whose calls are jobs of its slot.
 class CodecScheduler::SlotCodec : public CodecStream {
  public:
-  SlotCodec(CodecScheduler& s, int slot) : s_(s), slot_(slot) {}
+  SlotCodec(CodecScheduler& s, int slot) : s_(s), slot_(slot) { ++s_.open_streams_; }
+  ~SlotCodec() override { --s_.open_streams_; }
   int frame_samples() const override { return s_.fs_; }
   int num_codebooks() const override { return s_.ncb_; }
   int codebook_size() const override { return s_.bins_; }
@@ -60,9 +61,10 @@ class CodecScheduler::SlotCodec : public CodecStream {
   Job enc_async_, dec_async_;  // the posted calls in flight (an encode and a decode may overlap)
 };
 
-CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass)
-    : batch_(std::move(batch)), on_pass_(std::move(on_pass)) {
+CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass, double gather_ms)
+    : batch_(std::move(batch)), on_pass_(std::move(on_pass)), gather_ms_(gather_ms) {
   if (!batch_) throw Error("CodecScheduler: no codec batch");
+  if (!(gather_ms >= 0 && gather_ms <= 1000)) throw Error("CodecScheduler: gather_ms must be in [0, 1000]");
   slots_ = batch_->slots();
   fs_ = batch_->frame_samples();
   ncb_ = batch_->num_codebooks();
@@ -126,6 +128,13 @@ void CodecScheduler::loop() {
   // reset succeeds (nothing waits for a reset, so this is where its caller learns of it).
   std::vector<std::exception_ptr> reset_error(static_cast<size_t>(slots_));
   while (queue_.take(jobs)) {
+    if (gather_ms_ > 0) {
+      const size_t enough = static_cast<size_t>(std::max(1, open_streams_.load() / 4));
+      if (jobs.size() < enough)
+        queue_.take_more(jobs, enough,
+                         std::chrono::steady_clock::now() +
+                             std::chrono::microseconds(static_cast<int64_t>(1000.0 * gather_ms_)));
+    }
     std::fill(deferred.begin(), deferred.end(), 0);
     enc.clear();
     dec.clear();

@@ -11,6 +11,7 @@
 // slot's later calls run after it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -33,7 +34,12 @@ class CodecScheduler {
   };
   using PassObserver = std::function<void(const PassInfo&)>;
 
-  explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {});
+  // `gather_ms` (a measurement hook, personaplex-bench --codec-gather-ms; 0, the default, is off):
+  // a pass that found fewer jobs than a quarter of the open streams waits up to this long (from
+  // when it found its first) for more, so that at large session counts the codec runs fewer,
+  // larger passes (a row of a 2-row pass costs ~6x one of a 64-row pass, docs/PERF.md v0.23) at
+  // the price of up to that much added latency per encode and decode.
+  explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {}, double gather_ms = 0);
   ~CodecScheduler();  // serves what is queued, then stops
   CodecScheduler(const CodecScheduler&) = delete;
   CodecScheduler& operator=(const CodecScheduler&) = delete;
@@ -72,6 +78,8 @@ class CodecScheduler {
 
   std::unique_ptr<CodecBatch> batch_;
   PassObserver on_pass_;
+  double gather_ms_ = 0;
+  std::atomic<int> open_streams_{0};  // SlotCodecs alive (gather_ms's target)
   int slots_ = 0, fs_ = 0, ncb_ = 0, bins_ = 0;
   JobQueue<Job> queue_{"codec scheduler"};
   Totals totals_;  // under the queue's lock

@@ -213,93 +213,103 @@ void Conversation::step_async(const float* pcm_in, FrameDone done) {
 }
 
 // Starts every stage that can start: the oldest frame waiting for it, once the stage is free and
-// (LM, decode) the frame's earlier stage is done. Each start is decided and marked under the lock
-// and made outside it (a stage may complete at once, here, and call back into pump()), so two
-// threads never start the same stage. A frame that was in flight behind a failed one fails as
-// soon as no stage of it runs; frames before it, and frames given after the failure, go on. Then
-// hands finished frames to deliver().
+// (LM, decode) the frame's earlier stage is done; and claims the finished frames at the front for
+// delivery. Everything is decided and marked in one pass under the lock and done outside it (a
+// stage may complete at once, here, and call back into pump()), so two threads never start the
+// same stage or deliver at once. A frame that was in flight behind a failed one fails as soon as
+// no stage of it runs; frames before it, and frames given after the failure, go on.
+//
+// Lifetime: the owner may destroy this object once the last `done` has run. A frame that is
+// marked here but not started yet cannot complete, so no `done` behind it can run: the starts are
+// made newest frame first (encode, LM, decode), and nothing here touches `this` after the last
+// one unless this thread holds frames to deliver (which likewise keeps every later `done` back).
 void Conversation::pump() {
   using Stage = Frame::Stage;
-  for (;;) {
-    Frame* enc = nullptr;
-    Frame* lm = nullptr;
-    Frame* dec = nullptr;
-    const StepRequest* req = nullptr;
-    bool finished = false;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (auto& p : frames_) {
-        Frame& f = *p;
-        const bool running = f.stage == Stage::kEncoding || f.stage == Stage::kStepping || f.stage == Stage::kDecoding;
-        if (f.stage == Stage::kDone) continue;
-        if (f.poison) {
-          if (!running) {
-            f.error = f.poison;
-            f.stage = Stage::kDone;
+  Frame* enc = nullptr;
+  Frame* lm = nullptr;
+  Frame* dec = nullptr;
+  const StepRequest* req = nullptr;
+  std::vector<std::unique_ptr<Frame>> ready;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& p : frames_) {
+      Frame& f = *p;
+      const bool running = f.stage == Stage::kEncoding || f.stage == Stage::kStepping || f.stage == Stage::kDecoding;
+      if (f.stage == Stage::kDone) continue;
+      if (f.poison) {
+        if (!running) {
+          f.error = f.poison;
+          f.stage = Stage::kDone;
+        }
+        continue;
+      }
+      if (!encoding_ && f.stage == Stage::kQueued && !enc) {
+        enc = &f;
+        f.stage = Stage::kEncoding;
+        encoding_ = true;
+      }
+      if (!stepping_ && f.stage == Stage::kEncoded && !lm) {
+        // begin_step here, under the lock: the LM state is the previous frame's end_step's.
+        try {
+          f.user.assign(f.codes.begin(), f.codes.end());
+          req = gen_.begin_step(f.user.data(), nullptr, std::nullopt);
+          if (req) {
+            lm = &f;
+            f.stage = Stage::kStepping;
+            stepping_ = true;
+          } else {
+            f.stage = Stage::kDone;  // no step to run: no output
           }
+        } catch (...) {
+          fail_locked(&f, std::current_exception());
           continue;
         }
-        if (!encoding_ && f.stage == Stage::kQueued && !enc) {
-          enc = &f;
-          f.stage = Stage::kEncoding;
-          encoding_ = true;
-        }
-        if (!stepping_ && f.stage == Stage::kEncoded && !lm) {
-          // begin_step here, under the lock: the LM state is the previous frame's end_step's.
-          try {
-            f.user.assign(f.codes.begin(), f.codes.end());
-            req = gen_.begin_step(f.user.data(), nullptr, std::nullopt);
-            if (req) {
-              lm = &f;
-              f.stage = Stage::kStepping;
-              stepping_ = true;
-            } else {
-              f.stage = Stage::kDone;  // no step to run: no output
-            }
-          } catch (...) {
-            fail_locked(&f, std::current_exception());
-            continue;
-          }
-        }
-        if (!decoding_ && f.stage == Stage::kStepped && !dec) {
-          if (f.out) {
-            dec = &f;
-            f.stage = Stage::kDecoding;
-            decoding_ = true;
-          } else {
-            f.stage = Stage::kDone;  // before outputs start: nothing to decode
-          }
+      }
+      if (!decoding_ && f.stage == Stage::kStepped && !dec) {
+        if (f.out) {
+          dec = &f;
+          f.stage = Stage::kDecoding;
+          decoding_ = true;
+        } else {
+          f.stage = Stage::kDone;  // before outputs start: nothing to decode
         }
       }
-      finished = !frames_.empty() && frames_.front()->stage == Stage::kDone;
     }
-    if (!enc && !lm && !dec) {
-      if (finished) deliver();
-      return;
-    }
-    // A call that throws (a scheduler that has stopped) completes its stage with the error.
-    if (enc) {
-      try {
-        codec_.encode_async(enc->pcm_in.data(), enc->codes.data(), [this, enc](std::exception_ptr e) { encoded(enc, e); });
-      } catch (...) {
-        encoded(enc, std::current_exception());
-      }
-    }
-    if (lm) {
-      try {
-        stepper_.run_async(*req, lm->result, [this, lm](std::exception_ptr e) { stepped(lm, e); });
-      } catch (...) {
-        stepped(lm, std::current_exception());
-      }
-    }
-    if (dec) {
-      try {
-        codec_.decode_async(dec->agent.data(), dec->out->pcm.data(), [this, dec](std::exception_ptr e) { decoded(dec, e); });
-      } catch (...) {
-        decoded(dec, std::current_exception());
-      }
+    if (!delivering_) claim_locked(ready);
+  }
+  // A call that throws (a scheduler that has stopped) completes its stage with the error.
+  if (enc) {
+    try {
+      codec_.encode_async(enc->pcm_in.data(), enc->codes.data(), [this, enc](std::exception_ptr e) { encoded(enc, e); });
+    } catch (...) {
+      encoded(enc, std::current_exception());
     }
   }
+  if (lm) {
+    try {
+      stepper_.run_async(*req, lm->result, [this, lm](std::exception_ptr e) { stepped(lm, e); });
+    } catch (...) {
+      stepped(lm, std::current_exception());
+    }
+  }
+  if (dec) {
+    try {
+      codec_.decode_async(dec->agent.data(), dec->out->pcm.data(), [this, dec](std::exception_ptr e) { decoded(dec, e); });
+    } catch (...) {
+      decoded(dec, std::current_exception());
+    }
+  }
+  if (!ready.empty()) deliver(std::move(ready));
+}
+
+// Under mu_: moves the finished frames at the front into `ready` and, if there were any, makes this
+// thread the one that delivers.
+void Conversation::claim_locked(std::vector<std::unique_ptr<Frame>>& ready) {
+  while (!frames_.empty() && frames_.front()->stage == Frame::Stage::kDone) {
+    ready.push_back(std::move(frames_.front()));
+    frames_.pop_front();
+  }
+  if (!ready.empty()) delivering_ = true;
 }
 
 // Under mu_: f failed with e; the frames in flight behind it follow it.
@@ -361,31 +371,38 @@ void Conversation::decoded(Frame* f, std::exception_ptr e) {
   pump();
 }
 
-// Runs the `done` of every finished frame at the front, in order, one thread at a time. A frame
-// that failed hands its error and no output.
-void Conversation::deliver() {
+// Runs the `done`s of `ready` (claimed by this thread, in order), then of any frames that finished
+// meanwhile. While frames are in flight this thread stays the deliverer through a `done` (no later
+// frame's `done` can overtake it, and those frames keep this object alive); before the last `done`
+// with none in flight it lets go, since the owner may destroy this object in that `done`. A `done`
+// that throws is ignored (it must not stop the others).
+void Conversation::deliver(std::vector<std::unique_ptr<Frame>> ready) {
+  auto run = [](Frame& f) {
+    FrameDone done = std::move(f.done);
+    std::optional<FrameOut> out;
+    if (!f.error) out = std::move(f.out);
+    try {
+      if (done) done(std::move(out), f.error);
+    } catch (...) {
+    }
+  };
   for (;;) {
-    std::unique_ptr<Frame> f;
-    bool last = false;
+    for (size_t i = 0; i + 1 < ready.size(); ++i) run(*ready[i]);
+    bool idle = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (delivering_ || frames_.empty() || frames_.front()->stage != Frame::Stage::kDone) return;
-      f = std::move(frames_.front());
-      frames_.pop_front();
-      // With no frame left in flight the caller may destroy this object as soon as `done` runs:
-      // then nothing here is touched after it.
-      last = frames_.empty();
-      delivering_ = !last;
+      idle = frames_.empty();
+      if (idle) delivering_ = false;
     }
-    FrameDone done = std::move(f->done);
-    std::optional<FrameOut> out;
-    if (!f->error) out = std::move(f->out);
-    if (done) done(std::move(out), f->error);
-    if (last) return;
+    run(*ready.back());
+    if (idle) return;  // `this` may be gone
+    ready.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
       delivering_ = false;
+      claim_locked(ready);
     }
+    if (ready.empty()) return;
   }
 }
 

@@ -88,6 +88,26 @@ class JobQueue {
     return true;
   }
 
+  // Worker side, after take(): while `out` holds fewer than `enough` jobs, waits until `deadline`
+  // for more and appends them (in the order queued). Returns at the deadline, on stop(), or once
+  // `out` holds `enough`.
+  template <typename TimePoint>
+  void take_more(std::vector<Job*>& out, size_t enough, TimePoint deadline) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (!pending_.empty()) {
+        out.insert(out.end(), pending_.begin(), pending_.end());
+        pending_.clear();
+      }
+      if (out.size() >= enough || stopping_) return;
+      if (work_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+        out.insert(out.end(), pending_.begin(), pending_.end());
+        pending_.clear();
+        return;
+      }
+    }
+  }
+
   // Worker side: marks `finished` done and puts `requeue` back at the front of the queue (they
   // run in the next pass, before newer jobs). `under_lock` runs while the queue is locked with the
   // number of jobs now queued (for the scheduler's own totals). Returns that number.

@@ -442,9 +442,16 @@ void SessionCore::tick() {
     // behind hands its next frame over while this one is still in the schedulers.
     while (paced && now >= due() && static_cast<int>(L.t_frames.size()) < Conversation::kMaxFramesInFlight) {
       const std::vector<float> pcm = proto.take(static_cast<size_t>(fs));
-      const Clock::time_point t_frame = Clock::now();
-      // The completion is posted to this strand, so it runs after this tick: t_frames is in
-      // step with the conversation's frames once step_async has returned.
+      // The completion is posted to this strand, so it runs after this tick; the entry goes first
+      // and comes back out if the frame could not start.
+      L.t_frames.push_back(Clock::now());
+      struct Unstarted {
+        std::deque<Clock::time_point>* t;
+        bool started = false;
+        ~Unstarted() {
+          if (!started) t->pop_back();
+        }
+      } unstarted{&L.t_frames};
       L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
                                                                   std::exception_ptr e) mutable {
         // On a scheduler's thread: the rest runs on the session's strand, which takes the
@@ -460,7 +467,7 @@ void SessionCore::tick() {
           log::error("session frame lost: cannot hand it back (out of memory)", {});
         }
       });
-      L.t_frames.push_back(t_frame);
+      unstarted.started = true;
       ++L.started;
       paced = proto.available() >= static_cast<size_t>(fs);
     }
@@ -499,7 +506,12 @@ void SessionCore::frame_done(std::optional<FrameOut> f, std::exception_ptr error
   std::string detail;
   if (L.ending) {
     // Ending: the frames still in flight come back (a later one fails with an earlier one's
-    // error) and are dropped; the last one ends the session.
+    // error) and are dropped; the last one ends the session. An error still counts (a device
+    // error ends every session).
+    if (error) {
+      std::string ignored;
+      failed(error, ignored);
+    }
     if (L.t_frames.empty()) {
       const auto ending = std::move(*L.ending);
       end_live(ending.first, ending.second);
