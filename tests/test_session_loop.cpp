@@ -118,6 +118,19 @@ SystemPrompt short_prompt(int i) {
   return p;
 }
 
+// A codec stream that hands every call to `inner` (the tests' wrappers override what they change).
+struct Forwarding : CodecStream {
+  std::unique_ptr<CodecStream> inner;
+  int frame_samples() const override { return inner->frame_samples(); }
+  int num_codebooks() const override { return inner->num_codebooks(); }
+  int codebook_size() const override { return inner->codebook_size(); }
+  void reset() override { inner->reset(); }
+  void encode(const float* pcm, int32_t* codes) override { inner->encode(pcm, codes); }
+  void decode(const int32_t* codes, float* pcm) override { inner->decode(codes, pcm); }
+  void encode_async(const float* pcm, int32_t* codes, Done done) override { inner->encode_async(pcm, codes, done); }
+  void decode_async(const int32_t* codes, float* pcm, Done done) override { inner->decode_async(codes, pcm, done); }
+};
+
 // One session that steps itself from its own completion callbacks, with up to `depth` frames in
 // flight (Conversation pipelines them).
 struct ChainedSession {
@@ -238,17 +251,10 @@ TEST(SessionLoop, AFrameBeyondThePipelineIsRefused) {
   const LmGenConfig gen = *t.cfg.lm_gen;
   // The scheduler's codec stream, with its encodes held back until release(): nothing completes
   // while the frames are given.
-  struct Gated : CodecStream {
-    std::unique_ptr<CodecStream> inner;
+  struct Gated : Forwarding {
     std::mutex m;
     bool open = false;
     std::vector<std::function<void()>> held;
-    int frame_samples() const override { return inner->frame_samples(); }
-    int num_codebooks() const override { return inner->num_codebooks(); }
-    int codebook_size() const override { return inner->codebook_size(); }
-    void reset() override { inner->reset(); }
-    void encode(const float* pcm, int32_t* codes) override { inner->encode(pcm, codes); }
-    void decode(const int32_t* codes, float* pcm) override { inner->decode(codes, pcm); }
     void encode_async(const float* pcm, int32_t* codes, Done done) override {
       {
         std::lock_guard<std::mutex> lk(m);
@@ -259,7 +265,6 @@ TEST(SessionLoop, AFrameBeyondThePipelineIsRefused) {
       }
       inner->encode_async(pcm, codes, std::move(done));
     }
-    void decode_async(const int32_t* codes, float* pcm, Done done) override { inner->decode_async(codes, pcm, done); }
     void release() {
       std::vector<std::function<void()>> h;
       {
@@ -374,17 +379,9 @@ TEST(SessionLoop, APipelinedFailureFailsTheFrameBehindIt) {
   TinyModel t;
   const LmGenConfig gen = *t.cfg.lm_gen;
   // The scheduler's codec stream, whose decode_async fails on the call it is told to.
-  struct FlakyAsync : CodecStream {
-    std::unique_ptr<CodecStream> inner;
+  struct FlakyAsync : Forwarding {
     std::atomic<int> decodes{0};
     int fail_decode = -1;
-    int frame_samples() const override { return inner->frame_samples(); }
-    int num_codebooks() const override { return inner->num_codebooks(); }
-    int codebook_size() const override { return inner->codebook_size(); }
-    void reset() override { inner->reset(); }
-    void encode(const float* pcm, int32_t* codes) override { inner->encode(pcm, codes); }
-    void decode(const int32_t* codes, float* pcm) override { inner->decode(codes, pcm); }
-    void encode_async(const float* pcm, int32_t* codes, Done done) override { inner->encode_async(pcm, codes, done); }
     void decode_async(const int32_t* codes, float* pcm, Done done) override {
       if (decodes++ == fail_decode) return done(std::make_exception_ptr(Error("decode failed")));
       inner->decode_async(codes, pcm, done);
