@@ -54,6 +54,25 @@ TEST(CodecScheduler, BadCodesAndSlotsAreClearErrors) {
   EXPECT_EQ(sched.totals().encodes, 1);
 }
 
+// Counts the completions of async codec calls (each must succeed) and waits for them.
+struct Completions {
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0;
+  CodecStream::Done callback() {
+    return [this](std::exception_ptr e) {
+      EXPECT_FALSE(e);
+      std::lock_guard<std::mutex> lk(mu);
+      ++n;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(int want) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return n == want; });
+  }
+};
+
 // The gather hook (CodecScheduler's gather_ms): with 8 streams open, a pass that found one encode
 // waits for a second (a quarter of 8) before it runs, so two encodes posted one after the other run
 // as one batched call; the codes are those of the blocking calls without the hook.
@@ -75,22 +94,12 @@ TEST(CodecScheduler, GatherMergesPassesAndKeepsTheCodes) {
   std::vector<int32_t> want0(static_cast<size_t>(nq)), want1(want0.size()), got0(want0.size()), got1(want0.size());
   a[0]->encode(pcm0.data(), want0.data());
   a[1]->encode(pcm1.data(), want1.data());
-  std::mutex mu;
-  std::condition_variable cv;
-  int done = 0;
-  auto count = [&](std::exception_ptr e) {
-    EXPECT_FALSE(e);
-    std::lock_guard<std::mutex> lk(mu);
-    ++done;
-    cv.notify_all();
-  };
+  Completions done;
+  const CodecStream::Done count = done.callback();
   b[0]->encode_async(pcm0.data(), got0.data(), count);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the pass has its first job and waits
   b[1]->encode_async(pcm1.data(), got1.data(), count);
-  {
-    std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return done == 2; }));
-  }
+  ASSERT_TRUE(done.wait_for(2));
   EXPECT_EQ(got0, want0);
   EXPECT_EQ(got1, want1);
   EXPECT_EQ(gathering.totals().passes, 1);
@@ -157,15 +166,8 @@ TEST(CodecScheduler, ASlotsCallsRunInTheOrderAsked) {
   const int fs = other->frame_samples(), nq = other->num_codebooks();
   std::vector<float> pcm(static_cast<size_t>(fs), 0.1f), out(static_cast<size_t>(fs));
   std::vector<int32_t> codes_b(static_cast<size_t>(nq)), codes_a(static_cast<size_t>(nq), 1), codes_a2(static_cast<size_t>(nq));
-  std::mutex mu;
-  std::condition_variable cv;
-  int done = 0;
-  auto count = [&](std::exception_ptr e) {
-    EXPECT_FALSE(e);
-    std::lock_guard<std::mutex> lk(mu);
-    ++done;
-    cv.notify_all();
-  };
+  Completions done;
+  const CodecStream::Done count = done.callback();
   other->encode_async(pcm.data(), codes_b.data(), count);  // pass 1, held
   {
     std::unique_lock<std::mutex> lk(r->mu);
@@ -181,8 +183,7 @@ TEST(CodecScheduler, ASlotsCallsRunInTheOrderAsked) {
     r->released = true;
     r->cv.notify_all();
   }
-  std::unique_lock<std::mutex> lk(mu);
-  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(20), [&] { return done == 3; }));
+  ASSERT_TRUE(done.wait_for(3));
   std::vector<std::pair<char, int>> slot0;
   {
     std::lock_guard<std::mutex> rl(r->mu);

@@ -118,6 +118,18 @@ SystemPrompt short_prompt(int i) {
   return p;
 }
 
+// The message of an error handed to a callback ("" for none).
+std::string error_text(std::exception_ptr e) {
+  if (!e) return "";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 // A codec stream that hands every call to `inner` (the tests' wrappers override what they change).
 struct Forwarding : CodecStream {
   std::unique_ptr<CodecStream> inner;
@@ -343,13 +355,7 @@ TEST(SessionLoop, AFailedStageReachesTheCallback) {
       std::lock_guard<std::mutex> lk(mu);
       ++g.calls;
       g.frame = f.has_value();
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-          g.error = x.what();
-        }
-      }
+      g.error = error_text(e);
       cv.notify_all();
     });
     std::unique_lock<std::mutex> lk(mu);
@@ -411,14 +417,7 @@ TEST(SessionLoop, APipelinedFailureFailsTheFrameBehindIt) {
       k = issued++;
     }
     conv.step_async(audio.data() + static_cast<size_t>(k) * fs, [&, k](std::optional<FrameOut> f, std::exception_ptr e) {
-      std::string err;
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-          err = x.what();
-        }
-      }
+      const std::string err = error_text(e);
       step();  // first: once the last completion is counted the test may end
       std::lock_guard<std::mutex> lk(mu);
       got[static_cast<size_t>(k)] = err;

@@ -445,29 +445,26 @@ void SessionCore::tick() {
       // The completion is posted to this strand, so it runs after this tick; the entry goes first
       // and comes back out if the frame could not start.
       L.t_frames.push_back(Clock::now());
-      struct Unstarted {
-        std::deque<Clock::time_point>* t;
-        bool started = false;
-        ~Unstarted() {
-          if (!started) t->pop_back();
-        }
-      } unstarted{&L.t_frames};
-      L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
-                                                                  std::exception_ptr e) mutable {
-        // On a scheduler's thread: the rest runs on the session's strand, which takes the
-        // reference along (the session is never destroyed on a scheduler's thread). The frame
-        // holds the session until it is back: a session never ends with a frame in flight.
-        Strand& strand = self->strand_;
-        try {
-          boost::asio::post(strand, [self = std::move(self), f = std::move(f), e]() mutable {
-            self->frame_done(std::move(f), e);
-          });
-        } catch (...) {
-          // Out of memory: the session cannot go on, and nothing here may wait.
-          log::error("session frame lost: cannot hand it back (out of memory)", {});
-        }
-      });
-      unstarted.started = true;
+      try {
+        L.conv->step_async(pcm.data(), [self = shared_from_this()](std::optional<FrameOut> f,
+                                                                    std::exception_ptr e) mutable {
+          // On a scheduler's thread: the rest runs on the session's strand, which takes the
+          // reference along (the session is never destroyed on a scheduler's thread). The frame
+          // holds the session until it is back: a session never ends with a frame in flight.
+          Strand& strand = self->strand_;
+          try {
+            boost::asio::post(strand, [self = std::move(self), f = std::move(f), e]() mutable {
+              self->frame_done(std::move(f), e);
+            });
+          } catch (...) {
+            // Out of memory: the session cannot go on, and nothing here may wait.
+            log::error("session frame lost: cannot hand it back (out of memory)", {});
+          }
+        });
+      } catch (...) {
+        L.t_frames.pop_back();
+        throw;
+      }
       ++L.started;
       paced = proto.available() >= static_cast<size_t>(fs);
     }
