@@ -8,13 +8,15 @@
 #      Multi-Arch: same (installing it would remove the amd64 one), so its .debs are unpacked into
 #      build-aarch64/sysroot/ instead;
 #   2. builds ppx_tests (the CPU unit suite) and ppx_server_tests (the server suite) only;
-#   3. runs both with `qemu-aarch64 -L /` (no binfmt_misc needed): the multiarch libc6:arm64 and
+#   3. runs both, each as two shards at once (scripts/gtest_shards.sh), with `qemu-aarch64 -L /`
+#      (no binfmt_misc needed): the multiarch libc6:arm64 and
 #      its own ld.so, not the cross libc's (/usr/aarch64-linux-gnu: another Debian revision of
 #      glibc, whose ld.so with the multiarch libc.so.6 hangs in the first pthread_create).
 # Exclusions under emulation (qemu runs the float kernels ~10-30x slower than native):
 #   ppx_tests: Scheduler.*AloneEqualBeside63Others (96 sessions on 64 threads: ~4 min of the 4.5
 #   under qemu on 2 cores; their thread interplay cannot show aarch64 memory-ordering bugs here
-#   anyway, qemu on an x86 host keeps x86 ordering). Scheduler.AFailedStepFailsItsSessionsOnly runs.
+#   anyway, qemu on an x86 host keeps x86 ordering). Their 8-slot twins (*Beside7Others) and
+#   Scheduler.AFailedStepFailsItsSessionsOnly run.
 #   ppx_server_tests: ServerProcessTest.* exec personaplex-server as a child process, which
 #   would need binfmt_misc to run under qemu.
 # Any build error, warning (-Werror) or failed test makes the script fail.
@@ -89,6 +91,7 @@ declare -A filters=(
 for suite in ppx_tests ppx_server_tests; do
   echo "cross_aarch64: $suite under qemu-aarch64 (filter ${filters[$suite]})"
   start=$SECONDS
-  "${qemu[@]}" build-aarch64/tests/$suite --gtest_brief=1 --gtest_filter="${filters[$suite]}"
+  scripts/gtest_shards.sh 2 "build-aarch64/test-logs/$suite" \
+    "${qemu[@]}" build-aarch64/tests/$suite --gtest_brief=1 --gtest_filter="${filters[$suite]}"
   echo "cross_aarch64: $suite passed in $((SECONDS - start)) s"
 done

@@ -129,11 +129,16 @@ void CodecScheduler::loop() {
   std::vector<std::exception_ptr> reset_error(static_cast<size_t>(slots_));
   while (queue_.take(jobs)) {
     if (gather_ms_ > 0) {
+      // Waits only for frames: a pass of resets alone (sessions opening) runs at once, and resets
+      // taken with a frame do not count toward the frames it waits for.
+      const auto is_frame = [](const Job* j) { return j->kind != Kind::kReset; };
       const size_t enough = static_cast<size_t>(std::max(1, open_streams_.load() / 4));
-      if (jobs.size() < enough)
+      const size_t frames = static_cast<size_t>(std::count_if(jobs.begin(), jobs.end(), is_frame));
+      if (frames > 0 && frames < enough)
         queue_.take_more(jobs, enough,
                          std::chrono::steady_clock::now() +
-                             std::chrono::microseconds(static_cast<int64_t>(1000.0 * gather_ms_)));
+                             std::chrono::microseconds(static_cast<int64_t>(1000.0 * gather_ms_)),
+                         is_frame);
     }
     std::fill(deferred.begin(), deferred.end(), 0);
     enc.clear();

@@ -35,8 +35,9 @@ class CodecScheduler {
   using PassObserver = std::function<void(const PassInfo&)>;
 
   // `gather_ms` (a measurement hook, personaplex-bench --codec-gather-ms; 0, the default, is off):
-  // a pass that found fewer jobs than a quarter of the open streams waits up to this long (from
-  // when it found its first) for more, so that at large session counts the codec runs fewer,
+  // a pass that found at least one encode or decode but fewer than a quarter of the open streams
+  // waits up to this long (from when it found its first job) for more (resets neither start a wait
+  // nor count toward it), so that at large session counts the codec runs fewer,
   // larger passes (a row of a 2-row pass costs ~6x one of a 64-row pass, docs/PERF.md v0.23) at
   // the price of up to that much added latency per encode and decode.
   explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {}, double gather_ms = 0);

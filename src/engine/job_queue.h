@@ -88,18 +88,18 @@ class JobQueue {
     return true;
   }
 
-  // Worker side, after take(): while `out` holds fewer than `enough` jobs, waits until `deadline`
-  // for more and appends them (in the order queued). Returns at the deadline, on stop(), or once
-  // `out` holds `enough`.
-  template <typename TimePoint>
-  void take_more(std::vector<Job*>& out, size_t enough, TimePoint deadline) {
+  // Worker side, after take(): while `out` holds fewer than `enough` jobs that `counts`, waits
+  // until `deadline` for more and appends them (in the order queued). Returns at the deadline, on
+  // stop(), or once `out` holds `enough` of them.
+  template <typename TimePoint, typename Counts>
+  void take_more(std::vector<Job*>& out, size_t enough, TimePoint deadline, Counts counts) {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       if (!pending_.empty()) {
         out.insert(out.end(), pending_.begin(), pending_.end());
         pending_.clear();
       }
-      if (out.size() >= enough || stopping_) return;
+      if (static_cast<size_t>(std::count_if(out.begin(), out.end(), counts)) >= enough || stopping_) return;
       if (work_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
         out.insert(out.end(), pending_.begin(), pending_.end());
         pending_.clear();
