@@ -34,12 +34,6 @@ struct SessionHub {
   ServerModel model;
   Metrics metrics;
   std::mutex backend_mu;  // creating codec streams
-  // Every session's LM state and the thread that steps them all, batched (max_sessions slots; a
-  // session's LM slot is its session slot).
-  std::unique_ptr<LmScheduler> scheduler;
-  // Every session's codec state and the thread that encodes and decodes their frames, batched
-  // (null with --per-session-codec: each session then takes its own codec stream).
-  std::unique_ptr<CodecScheduler> codec;
   // Voice prompts read and prepared once, shared by the sessions that choose them while the file
   // is unchanged (engine/voice_cache.h).
   VoiceCache voices{kVoiceCacheBytes};
@@ -49,6 +43,17 @@ struct SessionHub {
   boost::asio::io_context executor;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> executor_guard;
   std::vector<std::thread> executor_threads;
+
+  // Declared after `executor`, so destroyed (their threads joined) before it: a scheduler thread
+  // hands a frame back by posting to its session's strand, and may still be inside that post
+  // (dropping its copy of the strand, which touches the executor) after the session, the last one,
+  // has ended on the executor and the server has stopped.
+  // Every session's LM state and the thread that steps them all, batched (max_sessions slots; a
+  // session's LM slot is its session slot).
+  std::unique_ptr<LmScheduler> scheduler;
+  // Every session's codec state and the thread that encodes and decodes their frames, batched
+  // (null with --per-session-codec: each session then takes its own codec stream).
+  std::unique_ptr<CodecScheduler> codec;
 
   std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
   std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed
