@@ -20,6 +20,7 @@ shift 2
 mkdir -p "$logdir" || exit 2
 
 pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; exit 143' INT TERM  # no shard outlives the script
 for ((i = 0; i < shards; ++i)); do
   GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$@" >"$logdir/shard$i.log" 2>&1 &
   pids+=($!)

@@ -158,10 +158,12 @@ struct ChainedSession {
   std::exception_ptr error;
   std::function<void()> ended;
 
-  // Frame 0 only: the others are given from callbacks, which the conversation runs one at a time,
-  // so the order frames take `k` is the order the conversation gets them. (The starter giving
-  // frame 1 while frame 0's callback gives frame 2 could swap them: a thread preempted between
-  // taking its k and step_async.) The pipeline fills from frame 0's callback.
+  // Frame 0 only: the others are given from callbacks, so the order frames take `k` is the order
+  // the conversation gets them. (The starter giving frame 1 while frame 0's callback gives frame 2
+  // could swap them: a thread preempted between taking its k and step_async.) Frame 0's callback
+  // gives frames 1 and 2 itself, and runs on the codec's or the LM's thread, which frame 1 needs,
+  // so no other callback gives a frame meanwhile; after that, frame k's callback gives frame k + 2
+  // only once frame k + 1 has been given.
   void start() { step(); }
   void step() {
     int k = 0;
