@@ -66,6 +66,7 @@
 #include "engine/scheduler.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
+#include "ppx/error_text.h"
 
 namespace {
 
@@ -294,14 +295,8 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         cv.notify_all();
         return;
       }
-      std::string err;
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-          err = x.what();
-        }
-      } else if (!fr) {
+      std::string err = ppx::error_text(e);
+      if (!e && !fr) {
         err = "no frame produced after the system prompts";
       }
       if (!err.empty()) {

@@ -22,6 +22,7 @@
 #include "ppx/config.h"
 #include "ppx/conversation.h"
 #include "ppx/error.h"
+#include "ppx/error_text.h"
 #include "ppx/lm.h"
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"
@@ -116,18 +117,6 @@ SystemPrompt short_prompt(int i) {
   SystemPrompt p;
   for (int k = 0; k < 3 + i % 5; ++k) p.text_tokens.push_back(5 + (i * 13 + k * 7) % 50);
   return p;
-}
-
-// The message of an error handed to a callback ("" for none).
-std::string error_text(std::exception_ptr e) {
-  if (!e) return "";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
 }
 
 // A codec stream that hands every call to `inner` (the tests' wrappers override what they change).
