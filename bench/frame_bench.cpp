@@ -111,6 +111,7 @@ struct SessionRun {
   bool codec_batch = true;
   int frames_in_flight = ppx::Conversation::kMaxFramesInFlight;  // per session (--frames-in-flight)
   double codec_gather_ms = 0;                                     // --codec-gather-ms
+  bool codec_hold = false;                                        // --codec-hold
 };
 // Free device memory in bytes on this thread's CUDA device; -1 without one.
 double device_free_bytes() {
@@ -137,12 +138,16 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   // Batch steps count once every session is past its prompts and warm-up (before that, prompt
   // steps of some sessions run beside the real-time frames of others).
   std::atomic<int> timed{0};
-  ppx::LmScheduler sched(m.backend->lm_batch(sessions, m.dep_steps), [&](const ppx::LmScheduler::StepInfo& i) {
-    if (timed.load() < sessions) return;
-    std::lock_guard<std::mutex> lk(mu);
-    step_ms.push_back(i.ms);
-    batch.push_back(i.batch);
-  });
+  ppx::StepClock step_clock;  // --codec-hold: the LM's steps as the codec scheduler sees them
+  ppx::LmScheduler sched(
+      m.backend->lm_batch(sessions, m.dep_steps),
+      [&](const ppx::LmScheduler::StepInfo& i) {
+        if (timed.load() < sessions) return;
+        std::lock_guard<std::mutex> lk(mu);
+        step_ms.push_back(i.ms);
+        batch.push_back(i.batch);
+      },
+      0, 0, o.codec_hold ? &step_clock : nullptr);
   // The codec as the server runs it: every session's frames batched by the codec scheduler, or
   // (--per-session-codec) each session's own stream on its thread.
   std::vector<double> codec_ms, codec_rows;
@@ -154,7 +159,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
                                                           std::lock_guard<std::mutex> lk(mu);
                                                           codec_ms.push_back(i.ms);
                                                           codec_rows.push_back(i.encodes + i.decodes);
-                                                        }, o.codec_gather_ms);
+                                                        }, o.codec_gather_ms, o.codec_hold ? &step_clock : nullptr);
   const double free_setup = device_free_bytes();
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;
@@ -381,6 +386,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   j["prompt_steps"] = o.prompt_steps;
   j["frames_in_flight"] = o.frames_in_flight;
   j["codec_gather_ms"] = o.codec_gather_ms;
+  j["codec_hold"] = o.codec_hold;
   j["budget_ms"] = budget_ms;
   j["frames"] = latency.size();
   j["frames_over_budget"] = over;
@@ -399,6 +405,11 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   if (codec_batch) {
     j["codec_pass_ms"] = ppx::app::latency_stats(codec_ms);
     j["codec_pass_frames"] = ppx::app::latency_stats(codec_rows);
+    if (o.codec_hold) {
+      const ppx::CodecScheduler::Totals t = codec_sched->totals();  // since the start, prompts included
+      j["codec_held_passes"] = t.held_passes;
+      j["codec_held_ms"] = t.held_ms;
+    }
   }
   j["wall_s"] = wall_s;
   if (free_before >= 0)
@@ -480,6 +491,7 @@ int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, 
   j["prompt_steps"] = o.prompt_steps;
   j["frames_in_flight"] = o.frames_in_flight;
   j["codec_gather_ms"] = o.codec_gather_ms;
+  j["codec_hold"] = o.codec_hold;
   j["frame_ms"] = frame_ms;
   j["budget_ms"] = 2 * frame_ms;
   j["plot"] = png;
@@ -614,6 +626,11 @@ int bench(int argc, char** argv) {
                  "frames than a quarter of the sessions waits up to this long for more (0: off, as shipped)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1000.0));
+  bool codec_hold = false;
+  app.add_flag("--codec-hold", codec_hold,
+               "measurement hook, with --sessions or --sweep and the batched codec: a codec pass of encodes waits "
+               "until shortly before the LM step in progress is expected to end, taking the encodes that arrive "
+               "meanwhile (off as shipped)");
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
@@ -641,6 +658,9 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy != 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
+  if ((codec_hold || codec_gather_ms > 0) && (per_session_codec || (sessions == 0 && sweep.empty())))
+    throw ppx::Error(std::string(codec_hold ? "--codec-hold" : "--codec-gather-ms") +
+                     " needs --sessions or --sweep with the batched codec (not --per-session-codec)");
 #if defined(PPX_HAVE_CUDA)
   // Before the model loads (policy 3 keeps a bf16 copy of the int8 weights) and the LM batch
   // captures its graphs; policy 3's cuBLAS handle lives on the --device chosen.
@@ -666,7 +686,7 @@ int bench(int argc, char** argv) {
       throw ppx::Error("--out '" + out + "': no directory '" + dir.string() + "'");
     mf.codec_slots = std::max(mf.codec_slots, *std::max_element(sweep.begin(), sweep.end()));
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms}, argc, argv,
+    return bench_sweep(m, mf, sweep, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms, codec_hold}, argc, argv,
                        out);
   }
   if (!batch_sizes.empty()) {
@@ -681,7 +701,7 @@ int bench(int argc, char** argv) {
     if (soak_minutes > 0) throw ppx::Error("--soak and --sessions cannot be combined");
     mf.codec_slots = std::max(mf.codec_slots, sessions);
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms}, argc,
+    return bench_sessions(m, mf, sessions, SessionRun{frames, warmup, prefill, prompt_steps, !per_session_codec, frames_in_flight, codec_gather_ms, codec_hold}, argc,
                           argv, out);
   }
   ppx::app::LoadedModel m = ppx::app::load_model(mf);

@@ -14,6 +14,7 @@
 #include "codec_test_util.h"
 #include "ppx/backend.h"
 #include "engine/codec_scheduler.h"
+#include "engine/step_clock.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
 #include "ppx/mimi.h"
@@ -105,6 +106,107 @@ TEST(CodecScheduler, GatherMergesPassesAndKeepsTheCodes) {
   EXPECT_EQ(gathering.totals().passes, 1);
   EXPECT_EQ(gathering.totals().max_encodes, 2);
   EXPECT_THROW(CodecScheduler(t.backend->codec_batch(1), {}, -1), Error);
+}
+
+TEST(StepClock, AnnouncesOnlyKnownSteps) {
+  StepClock c;
+  EXPECT_FALSE(c.current());
+  c.end();  // nothing announced: no-op
+  EXPECT_FALSE(c.current());
+  c.begin(0);  // unknown length: not announced
+  EXPECT_FALSE(c.current());
+  const auto before = StepClock::Clock::now();
+  c.begin(50);
+  const auto a = c.current();
+  ASSERT_TRUE(a);
+  EXPECT_GE(a->expected_end, before + std::chrono::milliseconds(50));
+  EXPECT_LE(a->expected_end, StepClock::Clock::now() + std::chrono::milliseconds(50));
+  c.end();
+  EXPECT_FALSE(c.current());
+  c.begin(10);
+  ASSERT_TRUE(c.current());
+  EXPECT_NE(c.current()->seq, a->seq);
+}
+
+// The encode hold (CodecScheduler's hold_for): encodes taken while an announced LM step runs wait
+// until shortly before its expected end and run as one pass, with the codes of blocking calls
+// without the hold; a decode, the step's end or no step at all ends or skips the wait.
+TEST(CodecScheduler, HoldRunsEncodesBeforeTheStepEnds) {
+  using Clock = StepClock::Clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  TinyMimi t;
+  CodecScheduler plain(t.backend->codec_batch(4));
+  StepClock clock;
+  CodecScheduler holding(t.backend->codec_batch(4), {}, 0, &clock);
+  std::vector<std::unique_ptr<CodecStream>> a, b;
+  for (int i = 0; i < 4; ++i) {
+    a.push_back(plain.open(i));
+    b.push_back(holding.open(i));
+  }
+  const int fs = a[0]->frame_samples(), nq = a[0]->num_codebooks();
+  std::vector<std::vector<float>> pcm(4, std::vector<float>(static_cast<size_t>(fs)));
+  for (int i = 0; i < 4; ++i)
+    for (int n = 0; n < fs; ++n)
+      pcm[static_cast<size_t>(i)][static_cast<size_t>(n)] =
+          0.3f * std::sin(0.01f * static_cast<float>((i + 1) * n));
+  std::vector<std::vector<int32_t>> want(4, std::vector<int32_t>(static_cast<size_t>(nq))), got = want;
+  for (int i = 0; i < 4; ++i) a[static_cast<size_t>(i)]->encode(pcm[static_cast<size_t>(i)].data(), want[static_cast<size_t>(i)].data());
+
+  // 1. Two encodes during a step expected to last 400 ms: held until about its end, one pass.
+  Completions done;
+  const CodecStream::Done count = done.callback();
+  const auto t0 = Clock::now();
+  clock.begin(400);
+  b[0]->encode_async(pcm[0].data(), got[0].data(), count);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  b[1]->encode_async(pcm[1].data(), got[1].data(), count);
+  std::this_thread::sleep_for(std::chrono::milliseconds(70));
+  {
+    std::lock_guard<std::mutex> lk(done.mu);
+    EXPECT_EQ(done.n, 0) << "an encode ran " << ms_since(t0) << " ms into a 400 ms step";
+  }
+  ASSERT_TRUE(done.wait_for(2));
+  EXPECT_GE(ms_since(t0), 390);  // the lead: 1 ms plus 1.25x the encode passes so far (none)
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], want[1]);
+  CodecScheduler::Totals tot = holding.totals();
+  EXPECT_EQ(tot.passes, 1);
+  EXPECT_EQ(tot.max_encodes, 2);
+  EXPECT_EQ(tot.held_passes, 1);
+  EXPECT_GE(tot.held_ms, 250);
+
+  // 2. A decode ends the wait: the held encode and the decode run at once, in one pass.
+  clock.end();
+  clock.begin(10000);
+  const auto t1 = Clock::now();
+  std::vector<float> out(static_cast<size_t>(fs));
+  b[2]->encode_async(pcm[2].data(), got[2].data(), count);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  b[3]->decode_async(want[3].data(), out.data(), count);
+  ASSERT_TRUE(done.wait_for(4));
+  EXPECT_LT(ms_since(t1), 5000);
+  EXPECT_EQ(got[2], want[2]);
+  tot = holding.totals();
+  EXPECT_EQ(tot.passes, 2);
+  EXPECT_EQ(tot.held_passes, 2);
+
+  // 3. The step's end ends the wait.
+  const auto t2 = Clock::now();
+  b[3]->encode_async(pcm[3].data(), got[3].data(), count);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  clock.end();
+  ASSERT_TRUE(done.wait_for(5));
+  EXPECT_LT(ms_since(t2), 5000);
+  EXPECT_EQ(got[3], want[3]);
+
+  // 4. No step announced: no wait (the pass may not be counted as held).
+  const auto t3 = Clock::now();
+  b[0]->encode_async(pcm[0].data(), got[0].data(), count);
+  ASSERT_TRUE(done.wait_for(6));
+  EXPECT_LT(ms_since(t3), 5000);
+  EXPECT_EQ(holding.totals().held_passes, 3);
 }
 
 }  // namespace

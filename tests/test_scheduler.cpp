@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <future>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -16,6 +17,7 @@
 
 #include "ppx/backend.h"
 #include "engine/scheduler.h"
+#include "engine/step_clock.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
 #include "ppx/lm.h"
@@ -157,6 +159,41 @@ TEST(Scheduler, AFailedStepFailsItsSessionsOnly) {
   auto st2 = sched.open(1, s.gen, s.seed);
   EXPECT_EQ(play(*st2, s, half), play(*t.backend->lm_stepper(s.gen, s.seed, -1), s, half));
   EXPECT_THROW(sched.open(2, s.gen, s.seed), Error);  // out of range
+}
+
+// The step clock (step_clock.h): the first batch step is not announced (no time known yet), every
+// later one is, with an expected end near its measured time, and none is in progress between steps.
+TEST(Scheduler, StepClockAnnouncesBatchStepsAfterTheFirst) {
+  TinyLm t;
+  struct Watching : ForwardingBatch {
+    StepClock* clock = nullptr;
+    std::vector<std::optional<StepClock::Step>> seen;  // scheduler thread, read after the steps
+    int prefill_rows() const override { return 1; }
+    void prefill(int s, const StepRequest* r, int n) override { LmBatch::prefill(s, r, n); }
+    void run(const BatchStep* st, int n) override {
+      seen.push_back(clock->current());
+      inner->run(st, n);
+    }
+  };
+  StepClock clock;
+  auto w = std::make_unique<Watching>();
+  w->inner = t.backend->lm_batch(1, -1);
+  w->clock = &clock;
+  Watching* wp = w.get();
+  LmScheduler sched(std::move(w), {}, 0, 0, &clock);
+  const Script s = make_script(t.cfg, 1, false);
+  auto st = sched.open(0, s.gen, s.seed);
+  const int steps = t.cfg.lm->n_q / 2;
+  EXPECT_EQ(play(*st, s, steps), play(*t.backend->lm_stepper(s.gen, s.seed, -1), s, steps));
+  EXPECT_FALSE(clock.current());  // between steps
+  const int n = static_cast<int>(wp->seen.size());  // the script's steps (its delay included)
+  ASSERT_GE(n, 2);
+  EXPECT_FALSE(wp->seen[0]);
+  for (int i = 1; i < n; ++i) {
+    ASSERT_TRUE(wp->seen[static_cast<size_t>(i)]) << "step " << i;
+    EXPECT_GT(wp->seen[static_cast<size_t>(i)]->seq, i > 1 ? wp->seen[static_cast<size_t>(i - 1)]->seq : 0);
+    EXPECT_GT(wp->seen[static_cast<size_t>(i)]->expected_end, StepClock::Clock::now() - std::chrono::seconds(60));
+  }
 }
 
 // Prompt prefill takes the time live sessions leave: while their steps wait in the queue longer

@@ -61,8 +61,9 @@ class CodecScheduler::SlotCodec : public CodecStream {
   Job enc_async_, dec_async_;  // the posted calls in flight (an encode and a decode may overlap)
 };
 
-CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass, double gather_ms)
-    : batch_(std::move(batch)), on_pass_(std::move(on_pass)), gather_ms_(gather_ms) {
+CodecScheduler::CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass, double gather_ms,
+                               const StepClock* hold_for)
+    : batch_(std::move(batch)), on_pass_(std::move(on_pass)), gather_ms_(gather_ms), hold_for_(hold_for) {
   if (!batch_) throw Error("CodecScheduler: no codec batch");
   if (!(gather_ms >= 0 && gather_ms <= 1000)) throw Error("CodecScheduler: gather_ms must be in [0, 1000]");
   slots_ = batch_->slots();
@@ -111,6 +112,29 @@ void CodecScheduler::run(Kind kind, const std::vector<Job*>& jobs) {
   }
 }
 
+double CodecScheduler::hold_encodes(std::vector<Job*>& jobs) {
+  using Clock = StepClock::Clock;
+  const auto is_decode = [](const Job* j) { return j->kind == Kind::kDecode; };
+  const auto has_encode = [&] {
+    return std::any_of(jobs.begin(), jobs.end(), [](const Job* j) { return j->kind == Kind::kEncode; });
+  };
+  if (!has_encode() || std::any_of(jobs.begin(), jobs.end(), is_decode)) return 0;
+  const std::optional<StepClock::Step> step = hold_for_->current();
+  if (!step) return 0;
+  const auto lead = std::chrono::microseconds(static_cast<int64_t>(1000.0 * (kHoldMarginMs + kHoldLeadFactor * encode_ms_avg_)));
+  const auto release = step->expected_end - lead;
+  const auto t0 = Clock::now();
+  if (release <= t0) return 0;
+  // In slices of at most a millisecond, to see the step end early.
+  for (auto now = t0; now < release; now = Clock::now()) {
+    queue_.take_more(jobs, 1, std::min(release, now + std::chrono::milliseconds(1)), is_decode);
+    if (std::any_of(jobs.begin(), jobs.end(), is_decode) || queue_.stopping()) break;
+    const std::optional<StepClock::Step> cur = hold_for_->current();
+    if (!cur || cur->seq != step->seq) break;
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
 void CodecScheduler::loop() {
   // A thread that cannot use the device fails every job with that error, so sessions see why.
   std::exception_ptr attach_error;
@@ -140,6 +164,7 @@ void CodecScheduler::loop() {
                              std::chrono::microseconds(static_cast<int64_t>(1000.0 * gather_ms_)),
                          is_frame);
     }
+    const double held_ms = hold_for_ ? hold_encodes(jobs) : 0;
     std::fill(deferred.begin(), deferred.end(), 0);
     enc.clear();
     dec.clear();
@@ -203,6 +228,10 @@ void CodecScheduler::loop() {
     }
     const auto t0 = std::chrono::steady_clock::now();
     run(Kind::kEncode, enc);
+    if (!enc.empty()) {
+      const double ems = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      encode_ms_avg_ = encode_ms_avg_ == 0 ? ems : 0.75 * encode_ms_avg_ + 0.25 * ems;
+    }
     run(Kind::kDecode, dec);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (Job* j : enc) enc_busy[static_cast<size_t>(j->slot)] = 0;
@@ -217,6 +246,10 @@ void CodecScheduler::loop() {
       totals_.decodes += nd;
       totals_.max_encodes = std::max(totals_.max_encodes, ne);
       totals_.max_decodes = std::max(totals_.max_decodes, nd);
+      if (held_ms > 0) {
+        ++totals_.held_passes;
+        totals_.held_ms += held_ms;
+      }
     });
     if (ne + nd > 0 && on_pass_) {
       try {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/job_queue.h"
+#include "engine/step_clock.h"
 #include "ppx/codec_batch.h"
 #include "ppx/conversation.h"
 
@@ -40,7 +41,19 @@ class CodecScheduler {
   // nor count toward it), so that at large session counts the codec runs fewer,
   // larger passes (a row of a 2-row pass costs ~6x one of a 64-row pass, docs/PERF.md v0.23) at
   // the price of up to that much added latency per encode and decode.
-  explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {}, double gather_ms = 0);
+  //
+  // `hold_for` (a measurement hook, personaplex-bench --codec-hold; nullptr, the default, is off):
+  // the LM scheduler's step clock (step_clock.h). A pass of encodes without a decode, taken while
+  // an announced LM step runs, waits until shortly before that step's expected end (the lead: the
+  // recent encode passes' time, x kHoldLeadFactor, plus kHoldMarginMs), taking the encodes that
+  // arrive meanwhile: their frames join the next LM step either way, so the wait adds no latency
+  // when the expectation holds, and the codec runs one large encode pass per step instead of many
+  // small ones that slow the step beside them (docs/PERF.md v0.24). A decode arriving ends the
+  // wait (it runs at once, with the encodes held), as do the step's end and stop().
+  explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {}, double gather_ms = 0,
+                          const StepClock* hold_for = nullptr);
+  static constexpr double kHoldLeadFactor = 1.25;
+  static constexpr double kHoldMarginMs = 1.0;
   ~CodecScheduler();  // serves what is queued, then stops
   CodecScheduler(const CodecScheduler&) = delete;
   CodecScheduler& operator=(const CodecScheduler&) = delete;
@@ -54,6 +67,8 @@ class CodecScheduler {
     int64_t passes = 0;              // passes with an encode or a decode
     int64_t encodes = 0, decodes = 0;  // session frames in them
     int max_encodes = 0, max_decodes = 0;
+    int64_t held_passes = 0;  // passes that waited for an LM step's end (hold_for)
+    double held_ms = 0;       // the time they waited
   };
   Totals totals();
   // Calls queued and not yet taken by a pass.
@@ -74,6 +89,8 @@ class CodecScheduler {
     std::function<void()> on_done;  // posted jobs
   };
   void loop();
+  // hold_for's wait (see the constructor); returns the milliseconds waited.
+  double hold_encodes(std::vector<Job*>& jobs);
   // One batched call for `jobs` (all of one kind, distinct slots); failures fail them all.
   void run(Kind kind, const std::vector<Job*>& jobs);
 
@@ -81,6 +98,8 @@ class CodecScheduler {
   PassObserver on_pass_;
   double gather_ms_ = 0;
   std::atomic<int> open_streams_{0};  // SlotCodecs alive (gather_ms's target)
+  const StepClock* hold_for_ = nullptr;
+  double encode_ms_avg_ = 0;  // scheduler thread: moving average of the encode passes' time (the hold's lead)
   int slots_ = 0, fs_ = 0, ncb_ = 0, bins_ = 0;
   JobQueue<Job> queue_{"codec scheduler"};
   Totals totals_;  // under the queue's lock

@@ -157,6 +157,12 @@ class JobQueue {
     j.release();
   }
 
+  // Whether stop() was called.
+  bool stopping() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stopping_;
+  }
+
   // Jobs queued and not yet taken by the worker.
   size_t queued() {
     std::lock_guard<std::mutex> lk(mu_);

@@ -151,8 +151,8 @@ class LmScheduler::SlotStepper : public LmStepper {
 };
 
 LmScheduler::LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step, int prefill_chunk,
-                         size_t prompt_cache_bytes)
-    : batch_(std::move(batch)), on_step_(std::move(on_step)) {
+                         size_t prompt_cache_bytes, StepClock* step_clock)
+    : batch_(std::move(batch)), on_step_(std::move(on_step)), step_clock_(step_clock) {
   if (!batch_) throw Error("LmScheduler: no LM batch");
   slots_ = batch_->slots();
   prefill_chunk_ = std::max(1, std::min(prefill_chunk > 0 ? prefill_chunk : batch_->prefill_rows(), batch_->prefill_rows()));
@@ -262,6 +262,7 @@ void LmScheduler::loop() {
   // (its positions times the measured time per position).
   using Clock = std::chrono::steady_clock;
   double credit_ms = 0, ms_per_position = 0, share = kPrefillMaxShare / 2;
+  double step_ms_avg = 0;  // moving average of the batch steps' time (step_clock_'s expectation)
   auto t_wait = Clock::now();
   while (queue_.take(jobs)) {
     credit_ms = std::min(kPrefillMaxCreditMs,
@@ -335,6 +336,7 @@ void LmScheduler::loop() {
     double ms = 0;
     if (!steps.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
+      if (step_clock_) step_clock_->begin(step_ms_avg);
       try {
         batch_->run(steps.data(), static_cast<int>(steps.size()));
       } catch (...) {
@@ -342,7 +344,9 @@ void LmScheduler::loop() {
         // session's).
         for (Job* j : step_jobs) j->error = std::current_exception();
       }
+      if (step_clock_) step_clock_->end();
       ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      step_ms_avg = step_ms_avg == 0 ? ms : 0.75 * step_ms_avg + 0.25 * ms;
       credit_ms = std::min(kPrefillMaxCreditMs, credit_ms + share * ms);
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }

@@ -20,6 +20,7 @@
 
 #include "engine/job_queue.h"
 #include "engine/prompt_cache.h"
+#include "engine/step_clock.h"
 #include "ppx/conversation.h"
 #include "ppx/lm_batch.h"
 #include "ppx/lm_gen.h"
@@ -39,8 +40,11 @@ class LmScheduler {
   // prefill_chunk: prompt positions per prefill job; 0: the batch's prefill_rows(), 1: no prefill
   // (every prompt step a batch step). prompt_cache_bytes: the prompt cache's store (0: no cache;
   // a backend without a store keeps none either). Throws ppx::Error when the store does not fit.
+  // step_clock: when given, each batch step is announced there with its expected time (a moving
+  // average of the recent steps), for the codec scheduler's encode hold (step_clock.h); it must
+  // outlive the scheduler.
   explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0,
-                       size_t prompt_cache_bytes = 0);
+                       size_t prompt_cache_bytes = 0, StepClock* step_clock = nullptr);
   ~LmScheduler();  // serves what is queued, then stops
   LmScheduler(const LmScheduler&) = delete;
   LmScheduler& operator=(const LmScheduler&) = delete;
@@ -110,6 +114,7 @@ class LmScheduler {
   int slots_ = 0;
   int prefill_chunk_ = 1;
   std::unique_ptr<PromptCache> cache_;  // nullptr: none
+  StepClock* step_clock_ = nullptr;
   JobQueue<Job> queue_{"LM scheduler"};
   Totals totals_;  // under the queue's lock
   std::thread thread_;
