@@ -59,29 +59,30 @@ TEST(Capacity, SlotBytesMatchTheBatchAllocation) {
   EXPECT_EQ(ppx::codec_slot_bytes_estimate(full_size().mimi), size_t{2} * 2 * 8 * 250 * 512 * 4 * 3 / 2);
 }
 
-TEST(Capacity, H200Bf16IsBandwidthBound) {
+TEST(Capacity, H200Bf16IsMemoryBound) {
   const Capacity cap = ppx::compute_capacity(h200(KvDtype::kBf16));
   // Memory: (132 GB x 0.98 - 1 GiB reserve - one scratch slot) / 1.6 GB = 79.
   EXPECT_EQ(cap.memory_sessions, 79);
   // Bandwidth: 72 ms less 7.5 GB at 2.58 TB/s (2.9 ms), over 1.57 GB at 3.01 TB/s (0.52 ms) plus
-  // the fixed 0.38 ms (the session's codec and rows) = 76.
+  // the fixed 0.25 ms (the session's codec and rows) = 89.
   ASSERT_TRUE(cap.bandwidth_sessions);
-  EXPECT_EQ(*cap.bandwidth_sessions, 76);
+  EXPECT_EQ(*cap.bandwidth_sessions, 89);
   EXPECT_NEAR(cap.weight_step_ms, 2.91, 0.01);
   EXPECT_NEAR(cap.session_step_ms, 0.52 + ppx::kSessionFixedMs, 0.01);
-  EXPECT_EQ(cap.sessions, 76);
+  EXPECT_EQ(cap.sessions, 79);
   EXPECT_NEAR(cap.bytes_per_session / 1e9, 1.57 + 0.0246, 0.01);
 }
 
 // The calibration (capacity.h, kSessionFixedMs): at the copy rate the server measured on the H200
-// of docs/PERF.md v0.20 (3.75 TB/s), the full-context counts that held there bound the model: 100
-// `--kv-fp8` sessions and 80 bf16-KV ones held real time.
+// (3.74-3.75 TB/s), the full-context counts that held there for two minutes bound the model
+// (docs/PERF.md v0.24): 136 `--kv-fp8` sessions (148 had 0.5% of their frames late) and 80
+// bf16-KV ones (all that fit) held real time.
 TEST(Capacity, CalibratedBelowWhatHeldOnTheH200) {
   CapacityInputs in = h200(KvDtype::kFp8);
   in.bandwidth = 3.75e12;
-  EXPECT_EQ(*ppx::compute_capacity(in).bandwidth_sessions, 99);
+  EXPECT_EQ(*ppx::compute_capacity(in).bandwidth_sessions, 122);
   in.kv = KvDtype::kBf16;
-  EXPECT_EQ(*ppx::compute_capacity(in).bandwidth_sessions, 70);
+  EXPECT_EQ(*ppx::compute_capacity(in).bandwidth_sessions, 80);
 }
 
 TEST(Capacity, Fp8KvDoublesMemoryAndRaisesBandwidth) {
@@ -89,8 +90,8 @@ TEST(Capacity, Fp8KvDoublesMemoryAndRaisesBandwidth) {
   const Capacity f8 = ppx::compute_capacity(h200(KvDtype::kFp8));
   EXPECT_EQ(f8.memory_sessions, 152);
   ASSERT_TRUE(f8.bandwidth_sessions);
-  EXPECT_EQ(*f8.bandwidth_sessions, 106);  // (72 - 2.9) / (0.27 + 0.38) ms
-  EXPECT_EQ(f8.sessions, 106);
+  EXPECT_EQ(*f8.bandwidth_sessions, 132);  // (72 - 2.9) / (0.27 + 0.25) ms
+  EXPECT_EQ(f8.sessions, 132);
   EXPECT_GT(f8.memory_sessions, 1.8 * bf.memory_sessions);
   EXPECT_GT(*f8.bandwidth_sessions, 1.25 * *bf.bandwidth_sessions);
   EXPECT_LT(f8.bytes_per_session, 0.55 * bf.bytes_per_session);
@@ -101,7 +102,7 @@ TEST(Capacity, Gb10IsBandwidthBound) {
     const Capacity cap = ppx::compute_capacity(gb10(kv));
     ASSERT_TRUE(cap.bandwidth_sessions);
     // Memory holds tens of sessions; the 273 GB/s stream only a few within the frame: the weights
-    // alone take 46 ms, a full-context session 8.6 ms (bf16) or 4.6 ms (fp8) with its fixed 0.38.
+    // alone take 46 ms, a full-context session 8.5 ms (bf16) or 4.5 ms (fp8) with its fixed 0.25.
     EXPECT_GT(cap.memory_sessions, 50);
     EXPECT_LT(*cap.bandwidth_sessions, cap.memory_sessions / 10);
     EXPECT_EQ(cap.sessions, *cap.bandwidth_sessions);

@@ -43,12 +43,13 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
-// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.20, with the batched codec on
-// tensor cores): with every context full, 100 `--fast --kv-fp8` sessions held real time for a
-// minute (148 did not) and 80 bf16-KV sessions for two; at the copy rate the server measured
-// there (3.73-3.77 TB/s) 0.38 ms makes the model allow 99 fp8 sessions and 70 bf16 ones, at or
-// below what held. (0.6 before: calibrated on v0.15's per-session codec graphs.)
-inline constexpr double kSessionFixedMs = 0.38;
+// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.24, the codec's cuBLAS path and
+// pipelined frames): with every context full, 136 `--fast --kv-fp8` sessions held real time for two
+// minutes (148 had 0.5% of their frames late, 160 a fifth) and 80 bf16-KV sessions (all that fit);
+// at the copy rate the server measured there (3.74 TB/s) 0.25 ms makes the model allow 121 fp8
+// sessions and 80 bf16 ones, at or below what held. (0.38 from v0.20, when the codec cost
+// ~0.18 ms of GPU a session at 64 rows, now ~0.07; 0.6 before, on v0.15's per-session codec graphs.)
+inline constexpr double kSessionFixedMs = 0.25;
 
 // --prompt-cache-mb auto (CudaOptions::prompt_cache_bytes == kPromptCacheAuto): the prompt cache
 // takes a tenth of the free memory after the LM loaded, at most 4 GiB (15 prompts of 1000 text
