@@ -132,7 +132,8 @@ double CodecScheduler::hold_encodes(std::vector<Job*>& jobs) {
     const std::optional<StepClock::Step> cur = hold_for_->current();
     if (!cur || cur->seq != step->seq) break;
   }
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  // However brief, a wait was begun: the pass counts as held.
+  return std::max(1e-6, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void CodecScheduler::loop() {
@@ -228,8 +229,11 @@ void CodecScheduler::loop() {
     }
     const auto t0 = std::chrono::steady_clock::now();
     run(Kind::kEncode, enc);
-    if (!enc.empty()) {
+    if (!enc.empty() && (held_ms > 0 || !held_encode_seen_)) {
+      // The lead is for held passes, which are the large ones: once there was one, only they count.
       const double ems = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (held_ms > 0 && !held_encode_seen_) encode_ms_avg_ = 0;
+      held_encode_seen_ = held_encode_seen_ || held_ms > 0;
       encode_ms_avg_ = encode_ms_avg_ == 0 ? ems : 0.75 * encode_ms_avg_ + 0.25 * ems;
     }
     run(Kind::kDecode, dec);

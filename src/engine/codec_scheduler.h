@@ -47,7 +47,7 @@ class CodecScheduler {
   // an announced LM step runs, waits until shortly before that step's expected end (the lead: the
   // recent encode passes' time, x kHoldLeadFactor, plus kHoldMarginMs), taking the encodes that
   // arrive meanwhile: their frames join the next LM step either way, so the wait adds no latency
-  // when the expectation holds, and the codec runs one large encode pass per step instead of many
+  // when the expectation holds (a step that ends early costs the held encodes that step), and the codec runs one large encode pass per step instead of many
   // small ones that slow the step beside them (docs/PERF.md v0.24). A decode arriving ends the
   // wait (it runs at once, with the encodes held), as do the step's end and stop().
   explicit CodecScheduler(std::unique_ptr<CodecBatch> batch, PassObserver on_pass = {}, double gather_ms = 0,
@@ -67,7 +67,7 @@ class CodecScheduler {
     int64_t passes = 0;              // passes with an encode or a decode
     int64_t encodes = 0, decodes = 0;  // session frames in them
     int max_encodes = 0, max_decodes = 0;
-    int64_t held_passes = 0;  // passes that waited for an LM step's end (hold_for)
+    int64_t held_passes = 0;  // passes that waited, however briefly, for an LM step's end (hold_for)
     double held_ms = 0;       // the time they waited
   };
   Totals totals();
@@ -99,7 +99,10 @@ class CodecScheduler {
   double gather_ms_ = 0;
   std::atomic<int> open_streams_{0};  // SlotCodecs alive (gather_ms's target)
   const StepClock* hold_for_ = nullptr;
-  double encode_ms_avg_ = 0;  // scheduler thread: moving average of the encode passes' time (the hold's lead)
+  // Scheduler thread: moving average of the held encode passes' time (of any encode pass until one
+  // was held), the hold's lead.
+  double encode_ms_avg_ = 0;
+  bool held_encode_seen_ = false;
   int slots_ = 0, fs_ = 0, ncb_ = 0, bins_ = 0;
   JobQueue<Job> queue_{"codec scheduler"};
   Totals totals_;  // under the queue's lock

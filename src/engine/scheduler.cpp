@@ -262,7 +262,11 @@ void LmScheduler::loop() {
   // (its positions times the measured time per position).
   using Clock = std::chrono::steady_clock;
   double credit_ms = 0, ms_per_position = 0, share = kPrefillMaxShare / 2;
-  double step_ms_avg = 0;  // moving average of the batch steps' time (step_clock_'s expectation)
+  // Per batch size, a moving average of its steps' time: step_clock_'s expectation (a size not yet
+  // seen is not announced; one average over all sizes would overestimate the smaller steps of a
+  // server whose batch sizes alternate, and a step that ends before its announced end costs the
+  // encodes held for it that step).
+  std::vector<double> step_ms_avg(static_cast<size_t>(slots_) + 1, 0);
   auto t_wait = Clock::now();
   while (queue_.take(jobs)) {
     credit_ms = std::min(kPrefillMaxCreditMs,
@@ -336,7 +340,8 @@ void LmScheduler::loop() {
     double ms = 0;
     if (!steps.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (step_clock_) step_clock_->begin(step_ms_avg);
+      double& avg = step_ms_avg[steps.size()];
+      if (step_clock_) step_clock_->begin(avg);
       try {
         batch_->run(steps.data(), static_cast<int>(steps.size()));
       } catch (...) {
@@ -346,7 +351,7 @@ void LmScheduler::loop() {
       }
       if (step_clock_) step_clock_->end();
       ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      step_ms_avg = step_ms_avg == 0 ? ms : 0.75 * step_ms_avg + 0.25 * ms;
+      avg = avg == 0 ? ms : 0.75 * avg + 0.25 * ms;
       credit_ms = std::min(kPrefillMaxCreditMs, credit_ms + share * ms);
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }

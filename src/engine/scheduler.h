@@ -41,8 +41,8 @@ class LmScheduler {
   // (every prompt step a batch step). prompt_cache_bytes: the prompt cache's store (0: no cache;
   // a backend without a store keeps none either). Throws ppx::Error when the store does not fit.
   // step_clock: when given, each batch step is announced there with its expected time (a moving
-  // average of the recent steps), for the codec scheduler's encode hold (step_clock.h); it must
-  // outlive the scheduler.
+  // average of the recent steps of its batch size; a size's first step is not announced), for the
+  // codec scheduler's encode hold (step_clock.h); it must outlive the scheduler.
   explicit LmScheduler(std::unique_ptr<LmBatch> batch, StepObserver on_step = {}, int prefill_chunk = 0,
                        size_t prompt_cache_bytes = 0, StepClock* step_clock = nullptr);
   ~LmScheduler();  // serves what is queued, then stops

@@ -37,7 +37,8 @@ class StepClock {
     const uint64_t s = seq_.load(std::memory_order_acquire);
     if (s % 2 == 0) return std::nullopt;
     const int64_t ns = end_ns_.load(std::memory_order_relaxed);
-    if (seq_.load(std::memory_order_acquire) != s) return std::nullopt;  // it ended meanwhile
+    std::atomic_thread_fence(std::memory_order_acquire);  // the load above stays before the check below
+    if (seq_.load(std::memory_order_relaxed) != s) return std::nullopt;  // it ended meanwhile
     return Step{s, Clock::time_point(Clock::duration(ns))};
   }
 
