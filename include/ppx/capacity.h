@@ -45,9 +45,10 @@ inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
 // rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.24, the codec's cuBLAS path and
 // pipelined frames): with every context full, 136 `--fast --kv-fp8` sessions held real time for two
-// minutes (148 had 0.5% of their frames late, 160 a fifth) and 80 bf16-KV sessions (all that fit);
+// minutes (148 had 0.5% of their frames late, 160 a fifth) and 80 bf16-KV sessions (more not tried);
 // at the copy rate the server measured there (3.74 TB/s) 0.25 ms makes the model allow 121 fp8
-// sessions and 80 bf16 ones, at or below what held. (0.38 from v0.20, when the codec cost
+// sessions and 80 bf16 ones, at or below what held (with the server's inputs there: 8.7 GB of
+// weights). (0.38 from v0.20, when the codec cost
 // ~0.18 ms of GPU a session at 64 rows, now ~0.07; 0.6 before, on v0.15's per-session codec graphs.)
 inline constexpr double kSessionFixedMs = 0.25;
 
