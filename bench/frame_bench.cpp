@@ -139,6 +139,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
   // steps of some sessions run beside the real-time frames of others).
   std::atomic<int> timed{0};
   ppx::StepClock step_clock;  // --codec-hold: the LM's steps as the codec scheduler sees them
+  ppx::StepClock* const hold_clock = o.codec_hold ? &step_clock : nullptr;
   ppx::LmScheduler sched(
       m.backend->lm_batch(sessions, m.dep_steps),
       [&](const ppx::LmScheduler::StepInfo& i) {
@@ -147,7 +148,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
         step_ms.push_back(i.ms);
         batch.push_back(i.batch);
       },
-      0, 0, o.codec_hold ? &step_clock : nullptr);
+      0, 0, hold_clock);
   // The codec as the server runs it: every session's frames batched by the codec scheduler, or
   // (--per-session-codec) each session's own stream on its thread.
   std::vector<double> codec_ms, codec_rows;
@@ -159,7 +160,7 @@ nlohmann::ordered_json run_sessions(const ppx::app::LoadedModel& m, int sessions
                                                           std::lock_guard<std::mutex> lk(mu);
                                                           codec_ms.push_back(i.ms);
                                                           codec_rows.push_back(i.encodes + i.decodes);
-                                                        }, o.codec_gather_ms, o.codec_hold ? &step_clock : nullptr);
+                                                        }, o.codec_gather_ms, hold_clock);
   const double free_setup = device_free_bytes();
   const int fs = m.cfg.mimi.frame_samples();
   const double frame_ms = 1000.0 / m.cfg.mimi.frame_rate;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "engine/moving_average.h"
 #include "ppx/error.h"
 
 namespace ppx {
@@ -115,10 +116,9 @@ void CodecScheduler::run(Kind kind, const std::vector<Job*>& jobs) {
 double CodecScheduler::hold_encodes(std::vector<Job*>& jobs) {
   using Clock = StepClock::Clock;
   const auto is_decode = [](const Job* j) { return j->kind == Kind::kDecode; };
-  const auto has_encode = [&] {
-    return std::any_of(jobs.begin(), jobs.end(), [](const Job* j) { return j->kind == Kind::kEncode; });
-  };
-  if (!has_encode() || std::any_of(jobs.begin(), jobs.end(), is_decode)) return 0;
+  const auto has_decode = [&] { return std::any_of(jobs.begin(), jobs.end(), is_decode); };
+  if (has_decode() || std::none_of(jobs.begin(), jobs.end(), [](const Job* j) { return j->kind == Kind::kEncode; }))
+    return 0;
   const std::optional<StepClock::Step> step = hold_for_->current();
   if (!step) return 0;
   const auto lead = std::chrono::microseconds(static_cast<int64_t>(1000.0 * (kHoldMarginMs + kHoldLeadFactor * encode_ms_avg_)));
@@ -128,7 +128,7 @@ double CodecScheduler::hold_encodes(std::vector<Job*>& jobs) {
   // In slices of at most a millisecond, to see the step end early.
   for (auto now = t0; now < release; now = Clock::now()) {
     queue_.take_more(jobs, 1, std::min(release, now + std::chrono::milliseconds(1)), is_decode);
-    if (std::any_of(jobs.begin(), jobs.end(), is_decode) || queue_.stopping()) break;
+    if (has_decode() || queue_.stopping()) break;
     const std::optional<StepClock::Step> cur = hold_for_->current();
     if (!cur || cur->seq != step->seq) break;
   }
@@ -230,11 +230,12 @@ void CodecScheduler::loop() {
     const auto t0 = std::chrono::steady_clock::now();
     run(Kind::kEncode, enc);
     if (!enc.empty() && (held_ms > 0 || !held_encode_seen_)) {
-      // The lead is for held passes, which are the large ones: once there was one, only they count.
+      // The lead is for held passes, which are the large ones: the first restarts the average, and
+      // from then on only they count.
       const double ems = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (held_ms > 0 && !held_encode_seen_) encode_ms_avg_ = 0;
+      const bool first_held = held_ms > 0 && !held_encode_seen_;
+      encode_ms_avg_ = moving_average(first_held ? 0 : encode_ms_avg_, ems, 0.25);
       held_encode_seen_ = held_encode_seen_ || held_ms > 0;
-      encode_ms_avg_ = encode_ms_avg_ == 0 ? ems : 0.75 * encode_ms_avg_ + 0.25 * ems;
     }
     run(Kind::kDecode, dec);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

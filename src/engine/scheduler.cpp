@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "engine/moving_average.h"
 #include "ppx/error.h"
 
 namespace ppx {
@@ -351,7 +352,7 @@ void LmScheduler::loop() {
       }
       if (step_clock_) step_clock_->end();
       ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      avg = avg == 0 ? ms : 0.75 * avg + 0.25 * ms;
+      avg = moving_average(avg, ms, 0.25);
       credit_ms = std::min(kPrefillMaxCreditMs, credit_ms + share * ms);
       for (const BatchStep& s : steps) busy[static_cast<size_t>(s.slot)] = 0;
     }
@@ -368,7 +369,7 @@ void LmScheduler::loop() {
       credit_ms = std::max(0.0, credit_ms - pms);
       if (prefilled > 0) {
         const double per = pms / static_cast<double>(prefilled);
-        ms_per_position = ms_per_position == 0 ? per : 0.8 * ms_per_position + 0.2 * per;
+        ms_per_position = moving_average(ms_per_position, per, 0.2);
       }
     }
     // Prefill jobs past the first stay queued (at the front) for the next passes.
