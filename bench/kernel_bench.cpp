@@ -315,12 +315,12 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h, const std::v
     if (!shape_filter.empty() && std::string(sh.name).find(shape_filter) == std::string::npos) continue;
     const ShapeWeights sw(sh, kMaxB, /*with_fp8=*/false, s);
     const size_t wn = sw.wn;
-    DeviceBuffer<__nv_bfloat16> xstage(static_cast<size_t>(kMaxB) * sh.K);
+    DeviceBuffer<__nv_bfloat16> xstage(kern::gemm_xstage_elems(kMaxB, sh.K));
     DeviceBuffer<float> yf(static_cast<size_t>(kMaxB) * sh.N), ws(kern::gemm_ws_floats(kMaxB, sh.N));
     for (int B : batches) {
       auto args = [&](int i, bool i8) {
         kern::GemvArgs a = sw.args(i, i8 ? ShapeWeights::kInt8 : ShapeWeights::kBf16, B);
-        a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size()};
+        a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size(), xstage.size()};
         return a;
       };
       const int launches = 50;
@@ -434,9 +434,10 @@ int bench(int argc, char** argv) {
   int gemm_policy = 0;
   app.add_option("--gemm-policy", gemm_policy,
                  "batched GEMM kernel: 0 the shipped one, 1 16 warps a block (two per row group), 2 row warps "
-                 "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights")
+                 "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights, 4 int8 weights on wgmma "
+                 "(H100 / H200)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 3));
+      ->check(CLI::Range(0, 4));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   std::vector<int> attention_batches{1, 16, 64}, attention_keys{300, 3000};

@@ -28,6 +28,17 @@ __device__ __forceinline__ void mma_m16n8k16(float* c, const uint32_t* a, uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four int8 values x, given as the bytes x + 128 (the word ^ 0x80808080, first value in the low
+// byte) -> two fp16 pairs, exact: lo = values 0, 1 and hi = values 2, 3 (first in the low half). The
+// byte x + 128 under the exponent of 1024 is the fp16 1024 + x + 128; minus 1152.
+__device__ __forceinline__ void int8x4_to_half2x2(uint32_t u, uint32_t& lo, uint32_t& hi) {
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  const uint32_t l = __byte_perm(u, 0x64646464u, 0x5140), h = __byte_perm(u, 0x64646464u, 0x7362);
+  const __half2 lf = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
+  const __half2 hf = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+  lo = *reinterpret_cast<const uint32_t*>(&lf);
+  hi = *reinterpret_cast<const uint32_t*>(&hf);
+}
 // Two e4m3 values (the low 16 bits of v, first in the low byte) -> a half2's bits (first in the low
 // half), exact: every e4m3 value is a half. sm_89+ converts in hardware; below, the bits are moved
 // into half layout and half's larger exponent bias restored by an exact multiplication by 2^8.

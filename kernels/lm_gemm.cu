@@ -34,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "lm_gemm_sm90a.cuh"
 #include "lm_gemv.cuh"
 #include "lm_gemv_impl.cuh"
 
@@ -95,17 +96,6 @@ __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, __nv
   w[1] = v.y;
   w[2] = v.z;
   w[3] = v.w;
-}
-// Four int8 values x, given as the bytes x + 128 (the word ^ 0x80808080, first value in the low
-// byte) -> two fp16 pairs, exact: lo = values 0, 1 and hi = values 2, 3 (first in the low half). The
-// byte x + 128 under the exponent of 1024 is the fp16 1024 + x + 128; minus 1152.
-__device__ __forceinline__ void int8x4_to_half2x2(uint32_t u, uint32_t& lo, uint32_t& hi) {
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
-  const uint32_t l = __byte_perm(u, 0x64646464u, 0x5140), h = __byte_perm(u, 0x64646464u, 0x7362);
-  const __half2 lf = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
-  const __half2 hf = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
-  lo = *reinterpret_cast<const uint32_t*>(&lf);
-  hi = *reinterpret_cast<const uint32_t*>(&hf);
 }
 __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8_t) {
   const uint2 v = *reinterpret_cast<const uint2*>(p);
@@ -520,6 +510,7 @@ void init() {
     g_smem_optin = 48 * 1024;
   set_all<__nv_bfloat16>(std::make_integer_sequence<int, kMaxNt>{});
   set_all<int8_t>(std::make_integer_sequence<int, kMaxNt>{});
+  gemm_wg::init();
 }
 
 }  // namespace ppx::kern::gemm_impl
@@ -534,15 +525,26 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
+  if (policy == 4 && !gemm_wg::available())
+    throw std::runtime_error("lm_gemm policy 4: this device or build has no sm_90a kernels (an H100 or H200 and a "
+                             "build with sm_90 among its architectures)");
   g_policy = policy;
 }
 int gemm_policy() { return gemm_impl::g_policy; }
+bool gemm_wg_available() { return gemm_wg::available(); }
+
+size_t gemm_xstage_elems(int B, int max_k) {
+  return static_cast<size_t>((B + 15) / 16 * 16) * static_cast<size_t>(max_k);
+}
 
 // Four K slices of every width up to max_n, or 64K columns of slices (16 of 4096): what the
 // full-size model's shapes take (the widest, the text head, 4 slices; 4096-wide ones up to 16).
 // gemm_batched() takes fewer slices where this is short, down to the K / 1024 it must have.
+// Policy 4 needs at least one slice of a full launch (256 rows) and the launch's row scales.
 size_t gemm_ws_floats(int B, int max_n) {
-  return static_cast<size_t>(std::min(B, 64)) * std::max<size_t>(4 * static_cast<size_t>(max_n), 65536);
+  const size_t split = static_cast<size_t>(std::min(B, 64)) * std::max<size_t>(4 * static_cast<size_t>(max_n), 65536);
+  const size_t wg = static_cast<size_t>(std::min(B, gemm_wg::kMaxRows)) * static_cast<size_t>(max_n) + gemm_wg::kMaxRows;
+  return std::max(split, wg);
 }
 }  // namespace ppx::kern
 
@@ -607,6 +609,23 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     return true;
   }
   const int sms = g_sms > 0 ? g_sms : 132;
+  // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
+  // own rows (the largest fits, so the others do).
+  if (policy == 4 && a.wi8 != nullptr && gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms) > 0) {
+    for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
+      GemvArgs c = a;
+      c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
+      c.x = a.x + static_cast<int64_t>(b0) * a.x_stride;
+      if (a.token) c.token = a.token + b0;
+      if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
+      if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
+      if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
+      const int S = gemm_wg::plan(c, c.B, sms);
+      gemm_wg::launch(in, c, S, s);
+      epilogue(c, S);
+    }
+    return true;
+  }
   const int bmax = std::min(a.B, 8 * kMaxNt);
   const bool rw = policy == 2;
   auto smem_of = [&](int nt, int ks_len) {

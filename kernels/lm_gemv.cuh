@@ -34,12 +34,16 @@ constexpr int kMaxGemvBatch = 4;
 
 // Scratch of the batched GEMM: the activations after the prologue, [B, max K] (needed unless the
 // input is kPlain), and its split-K partial sums, at least gemm_ws_floats(B, max N) floats.
+// Policy 4 (gemm_set_policy) stages every launch's rows, B rounded up to 16, as fp16 in xstage: it
+// runs only where xstage_elems (the buffer's length) holds gemm_xstage_elems(B, K).
 struct GemmScratch {
   __nv_bfloat16* xstage = nullptr;
   float* ws = nullptr;
   size_t ws_floats = 0;
+  size_t xstage_elems = 0;
 };
 size_t gemm_ws_floats(int B, int max_n);
+size_t gemm_xstage_elems(int B, int max_k);
 
 struct GemvArgs {
   const __nv_bfloat16* w = nullptr;  // [N, K] row-major (bf16 weights; unused when w8 is set)
@@ -81,9 +85,14 @@ void gemv_set_grid_policy(int policy);
 // kMaxGemvBatch; 0 (default) the shipped one; 1 and 2 experiments (lm_gemm.cu: 16 warps a block;
 // gemm_rw_kernel); 3 cuBLAS's bf16 GEMM (fp32 sums) on bf16 weights, or on int8 weights' exact
 // bf16 copy (GemvArgs::wq; without one, policy 0), over all B rows at once. Setting 3 creates the
-// cuBLAS handle on the current device: call it after the device is chosen and before capture. Not
+// cuBLAS handle on the current device: call it after the device is chosen and before capture. 4:
+// int8 weights on Hopper's wgmma, up to 256 rows a launch (lm_gemm_sm90a.cuh; bf16 weights, or a
+// scratch without room, run policy 0); setting it where gemm_wg_available() is false throws. Not
 // thread-safe; not for serving code.
 void gemm_set_policy(int policy);
 int gemm_policy();
+// Whether this device runs policy 4 (an sm_90 device and a build with sm_90 among its
+// architectures); known after gemv_init().
+bool gemm_wg_available();
 
 }  // namespace ppx::kern

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "lm_gemm_sm90a.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
 #include "lm_quant.cuh"
@@ -178,7 +179,8 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
   const float eps = 1e-5f;
   const size_t wn = static_cast<size_t>(N) * K;
   const size_t mb = static_cast<size_t>(*std::max_element(batches.begin(), batches.end()));
-  cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(mb * 2 * K), alpha(K), y0(mb * N), y(mb * N), xstage(mb * K);
+  cuda::DeviceBuffer<__nv_bfloat16> w(wn), x(mb * 2 * K), alpha(K), y0(mb * N), y(mb * N),
+      xstage(kern::gemm_xstage_elems(static_cast<int>(mb), K));
   cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
   cuda::DeviceBuffer<__nv_bfloat16> wq(int8 ? wn : 0);  // the int8 values as bf16 (gemm policy 3)
   cuda::DeviceBuffer<float> scale(N), yf(mb * N), ws(kern::gemm_ws_floats(static_cast<int>(mb), N));
@@ -228,7 +230,7 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
       a.w8 = q.get();
       a.w_scale = scale.get();
     }
-    if (B > kern::kMaxGemvBatch) a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size()};
+    if (B > kern::kMaxGemvBatch) a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size(), xstage.size()};
     a.x = x.get();
     a.x_stride = 2 * K;
     a.N = N;
@@ -378,6 +380,46 @@ TEST(CudaGemv8, BatchedGemmMatchesHostReference) {
     for (const Case& c : cases) check_case(c, /*int8=*/true, {5, 8, 13, 64, 70});
     for (const Case& c : cases) check_case(c, /*int8=*/false, {5, 16, 64}, /*bf16_weights=*/true);
   }
+  kern::gemm_set_policy(0);
+}
+
+// Policy 4 (int8 weights on wgmma, lm_gemm_sm90a.cu; H100 / H200 only): the same references at
+// batches that fill one launch partly (5, 13, 70, 100, 160), exactly (256) and over it (300: two
+// launches), on shapes with K % 64 == 0 (the others, and bf16 weights, run policy 0) including a
+// partial last row tile (N = 200) and one k-tile (K = 64). Each shape the LM has must plan a launch.
+TEST(CudaGemv8, WgmmaGemmMatchesHostReference) {
+  SKIP_WITHOUT_GPU();
+  kern::gemv_init();
+  if (!kern::gemm_wg_available()) GTEST_SKIP() << "no sm_90a kernels for this device (policy 4 runs on H100 / H200)";
+  const Case cases[] = {
+      {GemvIn::kPlain, GemvOut::kStore, 40, 64},          {GemvIn::kRmsNorm, GemvOut::kLogits, 200, 1088},
+      {GemvIn::kSiluGate, GemvOut::kResidual, 136, 128},  {GemvIn::kPlain, GemvOut::kGateUp, 264, 256},
+      {GemvIn::kRmsNorm, GemvOut::kStore, 4096, 4096},    {GemvIn::kRmsNorm, GemvOut::kGateUp, 11264 * 2, 4096},
+      {GemvIn::kPlain, GemvOut::kResidual, 4096, 11264},  {GemvIn::kRmsNorm, GemvOut::kLogits, 32000, 4096},
+      {GemvIn::kRmsNorm, GemvOut::kStore, 3 * 1024, 1024},
+  };
+  for (const Case& c : cases) {
+    for (int B : {5, 160, 256}) {
+      kern::GemvArgs a;
+      a.wi8 = reinterpret_cast<const int8_t*>(&c);  // any non-null pointer: plan() reads shapes only
+      a.N = c.N;
+      a.K = c.K;
+      a.B = B;
+      cuda::DeviceBuffer<float> ws(kern::gemm_ws_floats(B, c.N));
+      a.gemm = kern::GemmScratch{reinterpret_cast<__nv_bfloat16*>(ws.get()), ws.get(), ws.size(),
+                                 kern::gemm_xstage_elems(B, c.K)};
+      EXPECT_GT(kern::gemm_wg::plan(a, B, 132), 0) << "N=" << c.N << " K=" << c.K << " B=" << B;
+    }
+  }
+  kern::gemm_set_policy(4);
+  for (const Case& c : cases) {  // every batch on the small shapes; the model's at fewer (host reference time)
+    if (static_cast<int64_t>(c.N) * c.K < 4 << 20)
+      check_case(c, /*int8=*/true, {5, 13, 70, 100, 160, 256, 300});
+    else
+      check_case(c, /*int8=*/true, {13, 160, 300});
+  }
+  check_case({GemvIn::kRmsNorm, GemvOut::kStore, 300, 4128}, /*int8=*/true, {70});  // K % 64 != 0: policy 0
+  check_case({GemvIn::kPlain, GemvOut::kStore, 4096, 4096}, /*int8=*/false, {70}, /*bf16_weights=*/true);
   kern::gemm_set_policy(0);
 }
 

@@ -88,7 +88,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   datt_.resize(r * DD);
   dgu_.resize(r * 2 * DH);
   dpre_.resize(r * S_ * DD);
-  xstage_.resize(r * std::max({D, H, DD, DH}));
+  xstage_.resize(kern::gemm_xstage_elems(rows_, std::max({D, H, DD, DH})));
   ws_.resize(kern::gemm_ws_floats(rows_, std::max({3 * D, 2 * H, c.text_card, S_ * DD, 3 * DD, 2 * DH, c.card})));
   work_.resize(kern::attention_work_floats(rows_, c.num_heads, D / c.num_heads, c.context));
   text_logits_.resize(r * c.text_card);
@@ -303,6 +303,7 @@ kern::GemmScratch CudaLmBatch::gemm_scratch() {
   g.xstage = xstage_.get();
   g.ws = ws_.get();
   g.ws_floats = ws_.size();
+  g.xstage_elems = xstage_.size();
   return g;
 }
 

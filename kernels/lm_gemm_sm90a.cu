@@ -1,0 +1,320 @@
+// GEMM policy 4: the batched int8-weight GEMM on wgmma (see lm_gemm_sm90a.cuh). Compiled for
+// sm_90a alone (kernels/CMakeLists.txt); the kernels' bodies exist only under the architecture's
+// feature macro, and init() probes for them.
+//
+// Work split: the grid is (tiles, S). Block (p, s) owns weight rows [128 p, 128 p + 128) and the K
+// slice s, and streams both operands through a 4-stage cp.async pipeline in k-tiles of 64: the
+// tile's 128 x 64 weight bytes and the 64 columns of every batch row's staged activations (already
+// in the MMA's order, so one contiguous copy). Its two warpgroups each own 64 weight rows and all
+// batch columns: per 32-wide k step a lane loads 8 consecutive weights of rows g and g + 8 of its
+// warp's 16, converts them to fp16 (the A fragments of two k16 MMAs, with the k order inside the
+// 32 permuted as in lm_gemm.cu), and issues one m64nNk16 MMA per 32 (or 16) batch columns reading
+// the activations from shared memory.
+//
+// Shared-memory layout of the activations (the "no swizzle" canonical K-major layout of the MMA's B
+// operand): per k16 step, per group of 8 batch rows, two 8 x 8 core matrices (k 0-7, then 8-15 of
+// the step, in the MMA's k order), each 8 rows of 16 contiguous bytes. So the distance between the
+// two core matrices of a group along K is 128 bytes and between groups 256 bytes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "lm_gemm_sm90a.cuh"
+#include "lm_gemv_impl.cuh"
+
+namespace ppx::kern::gemm_wg {
+
+namespace {
+
+constexpr int kKt = 64;        // k per stage
+constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
+constexpr int kThreads = 256;
+constexpr int kStages = 4;
+// Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
+// a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
+constexpr int kWPitch = 96;
+constexpr int kWStage = kRows * kWPitch;
+constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
+
+constexpr size_t smem_bytes(int nu) {
+  return static_cast<size_t>(kStages) * (kWStage + static_cast<size_t>(nu) * 16 * kKt * sizeof(__half));
+}
+static_assert(smem_bytes(kMaxUnits) <= 227 * 1024, "the largest block must fit in an SM's shared memory");
+
+bool g_avail = false;
+
+// The staged activations of rows [0, bp): row b's fp16 values over its power-of-two scale at the
+// positions the MMA reads (see the file comment); xscale[b] the scale. Rows past a.B are zeros.
+template <GemvIn IN>
+__global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, __half* xw, float* xscale, int bp) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __shared__ float red[32];
+  const int b = blockIdx.y, K = a.K, groups = bp / 8;
+  __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
+  auto put = [&](int k, const uint32_t* h) {  // 8 values at k (a multiple of 8) to their places
+    const int kt = k / kKt, c32 = (k % kKt) / 32, t = (k % 32) / 8;
+    __half* p = row + static_cast<int64_t>(kt) * bp * kKt + 2 * t;
+    const int64_t slab = static_cast<int64_t>(groups) * 128;  // halves per k16 step
+    // Values 8t + {0,1} and {2,3} are k (2t, 2t+1) and (2t+8, 2t+9) of step 2 c32; {4,5} and {6,7}
+    // the same of step 2 c32 + 1.
+    *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab) = h[0];
+    *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab + 64) = h[1];
+    *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab) = h[2];
+    *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab + 64) = h[3];
+  };
+  if (b >= a.B) {
+    const uint32_t z[4] = {0u, 0u, 0u, 0u};
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) put(k, z);
+    return;
+  }
+  GemvArgs r = a;
+  r.x = a.x + b * a.x_stride;
+  if (a.token) r.token = a.token + b;
+  if (a.x_out) r.x_out = a.x_out + static_cast<int64_t>(b) * K;
+  gemv_impl::stage_x<IN, 1>(r, xs, red);
+  float mx = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k])));
+  mx = block_max(mx, red);
+  // 2^e with mx / 2^e < 2^14 (frexp: mx = f 2^ex, f in [0.5, 1)), as lm_gemm.cu's convert_x_slice.
+  int ex = 0;
+  frexpf(mx, &ex);
+  const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
+  const float inv = 1.f / sc;  // exact: a power of two
+  if (threadIdx.x == 0) xscale[b] = sc;
+  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(xs + k);
+    const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+      h[i] = pack_half2(f.x * inv, f.y * inv);
+    }
+    put(k, h);
+  }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The MMA's shared-memory descriptor of B: start address, 128 bytes between the two core matrices
+// along K (leading), 256 between groups of 8 batch rows (stride), no swizzle.
+__device__ __forceinline__ uint64_t b_desc(const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((a & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(256 >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// cp.async's writes (generic proxy) visible to the MMA's reads of shared memory (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d += A (64 x 16, fp16 fragments in a[4] per warp) x B (16 x 32 or 16 x 16 at desc), fp32.
+__device__ __forceinline__ void wgmma_n32(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_n16(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
+// One k16 step over all NU x 16 batch columns: the step's slab holds NU x 2 groups of 8 rows.
+template <int NU>
+__device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __half* slab) {
+#pragma unroll
+  for (int i = 0; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, b_desc(slab + i * 4 * 128));
+  if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, b_desc(slab + (NU / 2) * 4 * 128));
+}
+
+// 8 consecutive int8 weights -> 4 fp16 pairs (exact), as lm_gemm.cu's load_a.
+__device__ __forceinline__ void load_w8(const unsigned char* p, uint32_t* w) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  int8x4_to_half2x2(v.x ^ 0x80808080u, w[0], w[1]);
+  int8x4_to_half2x2(v.y ^ 0x80808080u, w[2], w[3]);
+}
+#endif
+
+template <int NU>
+__global__ void __launch_bounds__(kThreads, 1)
+    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBp = NU * 16;
+  constexpr int kXStage = kBp * kKt;  // halves of a stage's activations
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* wst = smem;
+  __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * kRows;
+  const int k0 = blockIdx.y * ks, ktiles = min(ks, K - k0) / kKt;
+
+  auto issue = [&](int it) {
+    if (it < ktiles) {
+      const int kg = k0 + it * kKt;
+      unsigned char* wd = wst + (it % kStages) * kWStage;
+#pragma unroll
+      for (int c = 0; c < kRows * kKt / 16 / kThreads; ++c) {
+        const int chunk = tid + c * kThreads, row = chunk / (kKt / 16), col = chunk % (kKt / 16);
+        const int n = min(n0 + row, N - 1);  // rows past N: computed, not stored
+        cp_async16(wd + row * kWPitch + col * 16, w + static_cast<int64_t>(n) * K + kg + col * 16, true);
+      }
+      const __half* xsrc = xw + static_cast<int64_t>(kg / kKt) * kXStage;
+      __half* xd = xst + (it % kStages) * kXStage;
+      for (int c = tid; c < kXStage / 8; c += kThreads) cp_async16(xd + c * 8, xsrc + c * 8, true);
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+
+  float acc[NU * 8];
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int it = 0; it < ktiles; ++it) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // stage it is in for every thread; stage it - 1 is free (its MMAs completed)
+    issue(it + kStages - 1);
+    const unsigned char* wr = wst + (it % kStages) * kWStage + (warp * 16 + g) * kWPitch;
+    const __half* xs = xst + (it % kStages) * kXStage;
+#pragma unroll
+    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+#pragma unroll
+    for (int c = 0; c < kKt / 32; ++c) {
+      uint32_t a0[4], a1[4];  // rows g and g + 8
+      load_w8(wr + c * 32 + 8 * t, a0);
+      load_w8(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+      const uint32_t fa[4] = {a0[0], a1[0], a0[1], a1[1]}, fb[4] = {a0[2], a1[2], a0[3], a1[3]};
+      wg_fence();
+      mma_step<NU>(acc, fa, xs + (2 * c) * (kBp / 8) * 128);
+      mma_step<NU>(acc, fb, xs + (2 * c + 1) * (kBp / 8) * 128);
+    }
+    wg_commit();
+    wg_wait_all();
+#pragma unroll
+    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+  }
+  cp_async_wait<0>();
+  // Partial sums: accumulator 4 j + e is weight row 16 warp + g (+ 8 for e >= 2), batch column
+  // 8 j + 2 t + (e & 1) (the m16n8 fragment order, repeated along N).
+  const int nb = n0 + warp * 16 + g;
+#pragma unroll
+  for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int b = 8 * j + 2 * t + (e & 1), n = nb + (e >= 2 ? 8 : 0);
+      if (b < B && n < N) ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + e] * xscale[b];
+    }
+  }
+#else
+  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws;
+  __trap();
+#endif
+}
+
+__global__ void probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, cudaStream_t);
+template <int NU>
+void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, cudaStream_t s) {
+  wg_kernel<NU><<<grid, kThreads, smem_bytes(NU), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
+}
+template <int... I>
+constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
+  constexpr LaunchFn t[] = {&launch_nu<I + 1>...};
+  return t[nu - 1];
+}
+template <int... I>
+bool set_smem(std::integer_sequence<int, I...>) {
+  return ((cudaFuncSetAttribute(wg_kernel<I + 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_bytes(I + 1))) == cudaSuccess) && ...);
+}
+
+}  // namespace
+
+void init() {
+  g_avail = false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
+      minor != 0) {
+    (void)cudaGetLastError();
+    return;
+  }
+  int* d = nullptr;
+  int h = 0;
+  if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  probe_kernel<<<1, 1>>>(d);
+  const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  (void)cudaFree(d);
+  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{});
+  (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
+}
+
+bool available() { return g_avail; }
+
+int plan(const GemvArgs& a, int B, int sms) {
+  if (!g_avail || a.wi8 == nullptr || a.K % kKt != 0 || a.K <= 0 || B < 1 || B > kMaxRows) return 0;
+  const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
+  if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
+    return 0;
+  if (a.gemm.ws_floats <= static_cast<size_t>(kMaxRows)) return 0;  // the row scales sit at its end
+  const int kt = a.K / kKt;
+  const size_t s_ws = (a.gemm.ws_floats - kMaxRows) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
+  if (s_ws < 1) return 0;
+  // K slices: enough to give every SM a block while the row tiles alone leave some idle.
+  const int tiles = (a.N + kRows - 1) / kRows;
+  const int S = static_cast<int>(std::min<size_t>({static_cast<size_t>(std::max(1, (sms + tiles - 1) / tiles)), s_ws,
+                                                   static_cast<size_t>(kt)}));
+  const int per = (kt + S - 1) / S;  // k-tiles a slice
+  return (kt + per - 1) / per;
+}
+
+void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s) {
+  const int kt = a.K / kKt, ks = (kt + S - 1) / S * kKt;
+  const int nu = (a.B + 15) / 16, bp = nu * 16;
+  __half* xw = reinterpret_cast<__half*>(a.gemm.xstage);
+  float* xscale = a.gemm.ws + a.gemm.ws_floats - kMaxRows;
+  const dim3 sg(1, bp);
+  const size_t ssm = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
+  switch (in) {
+    case GemvIn::kPlain: stage_kernel<GemvIn::kPlain><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
+    case GemvIn::kRmsNorm: stage_kernel<GemvIn::kRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
+    case GemvIn::kSiluGate: stage_kernel<GemvIn::kSiluGate><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
+    case GemvIn::kEmbRmsNorm:
+      stage_kernel<GemvIn::kEmbRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp);
+      break;
+  }
+  const dim3 grid((a.N + kRows - 1) / kRows, S);
+  launch_table(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
+}
+
+}  // namespace ppx::kern::gemm_wg

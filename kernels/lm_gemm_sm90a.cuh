@@ -1,0 +1,33 @@
+// GEMM policy 4 (kern::gemm_set_policy; a measurement hook until it is measured): the batched
+// int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
+// in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
+// 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
+// false and lm_gemm.cu runs policy 0.
+//
+// The int8 weights are the MMA's A operand, converted exactly to fp16 in registers as policy 0
+// does; the activations are its B operand, in shared memory, fp16 over a power of two per batch
+// row (the same exactness argument as policy 0, with the scale taken over the whole row instead of
+// a K slice), staged once per launch by a prologue kernel into GemmScratch::xstage in the order the
+// MMA reads them. Sums are fp32; the split-K partials and the epilogue are lm_gemm.cu's.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "lm_gemv.cuh"
+
+namespace ppx::kern::gemm_wg {
+
+constexpr int kMaxRows = 256;  // batch rows of one launch (the MMA's N)
+
+// Probes once whether this device runs the sm_90a kernels (called by gemv_init()).
+void init();
+bool available();
+// The number of K slices a launch of B rows of `a`'s shape would use, or 0 when it cannot run
+// here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
+// round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
+int plan(const GemvArgs& a, int B, int sms);
+// Stages `a`'s a.B rows (prologue `in`) and writes the partial sums ws[s][b][n] (s < S = plan(),
+// times each row's activation scale; the weight scale is the epilogue's).
+void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s);
+
+}  // namespace ppx::kern::gemm_wg
