@@ -3,7 +3,9 @@
 // feature macro, and init() probes for them.
 //
 // Work split: the grid is (tiles, S). Block (p, s) owns weight rows [128 p, 128 p + 128) and the K
-// slice s, and streams both operands through a 4-stage cp.async pipeline in k-tiles of 64: the
+// slice s, and streams both operands through a cp.async pipeline in k-tiles of 64 (as many stages,
+// up to 8, as fit in shared memory: the weight bytes in flight are what bounds an SM's share of
+// the memory bandwidth): the
 // tile's 128 x 64 weight bytes and the 64 columns of every batch row's staged activations (already
 // in the MMA's order, so one contiguous copy). Its two warpgroups each own 64 weight rows and all
 // batch columns: per 32-wide k step a lane loads 8 consecutive weights of rows g and g + 8 of its
@@ -32,17 +34,18 @@ namespace {
 constexpr int kKt = 64;        // k per stage
 constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
-constexpr int kStages = 4;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
 // a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
 constexpr int kWPitch = 96;
 constexpr int kWStage = kRows * kWPitch;
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
 
-constexpr size_t smem_bytes(int nu) {
-  return static_cast<size_t>(kStages) * (kWStage + static_cast<size_t>(nu) * 16 * kKt * sizeof(__half));
-}
-static_assert(smem_bytes(kMaxUnits) <= 227 * 1024, "the largest block must fit in an SM's shared memory");
+constexpr int stage_bytes(int nu) { return kWStage + nu * 16 * kKt * static_cast<int>(sizeof(__half)); }
+constexpr int stages_of(int nu) { return std::min(8, 220 * 1024 / stage_bytes(nu)); }
+constexpr size_t smem_bytes(int nu) { return static_cast<size_t>(stages_of(nu)) * stage_bytes(nu); }
+static_assert(stages_of(kMaxUnits) >= 4 && smem_bytes(kMaxUnits) <= 227 * 1024,
+              "the largest block must fit in an SM's shared memory with 4 stages");
+constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dynamic shared memory
 
 bool g_avail = false;
 
@@ -157,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
+  constexpr int kStages = stages_of(NU);
   constexpr int kXStage = kBp * kKt;  // halves of a stage's activations
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wst = smem;
@@ -197,16 +201,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const __half* xs = xst + (it % kStages) * kXStage;
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+    // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), so that no
+    // register an MMA of the group reads is written while the group is in flight.
+    uint32_t fr[kKt / 16][4];
 #pragma unroll
     for (int c = 0; c < kKt / 32; ++c) {
       uint32_t a0[4], a1[4];  // rows g and g + 8
       load_w8(wr + c * 32 + 8 * t, a0);
       load_w8(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
-      const uint32_t fa[4] = {a0[0], a1[0], a0[1], a1[1]}, fb[4] = {a0[2], a1[2], a0[3], a1[3]};
-      wg_fence();
-      mma_step<NU>(acc, fa, xs + (2 * c) * (kBp / 8) * 128);
-      mma_step<NU>(acc, fb, xs + (2 * c + 1) * (kBp / 8) * 128);
+      fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
+      fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2], fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
     }
+    wg_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kKt / 16; ++k16) mma_step<NU>(acc, fr[k16], xs + k16 * (kBp / 8) * 128);
     wg_commit();
     wg_wait_all();
 #pragma unroll
@@ -282,7 +290,8 @@ void init() {
 bool available() { return g_avail; }
 
 int plan(const GemvArgs& a, int B, int sms) {
-  if (!g_avail || a.wi8 == nullptr || a.K % kKt != 0 || a.K <= 0 || B < 1 || B > kMaxRows) return 0;
+  if (!g_avail || a.wi8 == nullptr || a.K % kKt != 0 || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows)
+    return 0;
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
     return 0;
@@ -290,12 +299,25 @@ int plan(const GemvArgs& a, int B, int sms) {
   const int kt = a.K / kKt;
   const size_t s_ws = (a.gemm.ws_floats - kMaxRows) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
   if (s_ws < 1) return 0;
-  // K slices: enough to give every SM a block while the row tiles alone leave some idle.
+  // K slices: the count with the least estimated time, in units of the time the weights take at the
+  // full memory bandwidth. One block an SM (shared memory); blocks run in waves of `sms`, and a
+  // wave of A blocks draws min(1, 1.5 A / sms) of the bandwidth (an SM's pipeline holds more than
+  // its even share in flight); the partial sums cost S x B x N floats written and read back
+  // against the N x K weight bytes. Estimates, to be checked against measurements.
   const int tiles = (a.N + kRows - 1) / kRows;
-  const int S = static_cast<int>(std::min<size_t>({static_cast<size_t>(std::max(1, (sms + tiles - 1) / tiles)), s_ws,
-                                                   static_cast<size_t>(kt)}));
-  const int per = (kt + S - 1) / S;  // k-tiles a slice
-  return (kt + per - 1) / per;
+  auto bw = [&](int blocks) { return std::min(1.0, 1.5 * blocks / sms); };
+  int best_s = 0;
+  double best = 0.0;
+  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, 16}); ++S) {
+    const int per = (kt + S - 1) / S;
+    if ((kt + per - 1) / per != S) continue;  // another count gives this slice length
+    const int blocks = tiles * S, full = blocks / sms, rest = blocks % sms;
+    const double d = 1.0 / blocks;  // a block's share of the weights
+    double cost = full * (sms * d / bw(sms)) + (rest > 0 ? rest * d / bw(rest) : 0.0);
+    cost += static_cast<double>(S) * B * 8.0 / a.K;
+    if (best_s == 0 || cost < best) best = cost, best_s = S;
+  }
+  return best_s;
 }
 
 void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s) {
