@@ -636,10 +636,10 @@ int bench(int argc, char** argv) {
   app.add_option("--gemm-policy", gemm_policy,
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
                  "shipped one, 1-4 experiments; 3 keeps a bf16 copy of the int8 weights, ~16 GB more at full size, "
-                 "and does nothing with --w8-format fp8; 4 runs int8 weights on wgmma, H100 / H200 only); "
+                 "and does nothing with --w8-format fp8; 4 and 5 run int8 weights on wgmma, H100 / H200 only); "
                  "CUDA builds only")
       ->capture_default_str()
-      ->check(CLI::Range(0, 4));
+      ->check(CLI::Range(0, 5));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
                  "with --mimi-fp16 (or --fast): run the transformer linears and the short convolutions of codec "

@@ -525,8 +525,9 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  if (policy == 4 && !gemm_wg::available())
-    throw std::runtime_error("lm_gemm policy 4: this device or build has no sm_90a kernels (an H100 or H200 and a "
+  if ((policy == 4 || policy == 5) && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
+  if ((policy == 4 || policy == 5) && !gemm_wg::available())
+    throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
                              "build with sm_90 among its architectures)");
   g_policy = policy;
 }
@@ -611,7 +612,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int sms = g_sms > 0 ? g_sms : 132;
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
-  if (policy == 4 && a.wi8 != nullptr && gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms) > 0) {
+  const bool deep = policy == 4;
+  if ((policy == 4 || policy == 5) && a.wi8 != nullptr &&
+      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, deep) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
       c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
@@ -620,8 +623,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
-      const int S = gemm_wg::plan(c, c.B, sms);
-      gemm_wg::launch(in, c, S, s);
+      const int S = gemm_wg::plan(c, c.B, sms, deep);
+      gemm_wg::launch(in, c, S, deep, s);
       epilogue(c, S);
     }
     return true;

@@ -41,13 +41,17 @@ constexpr int kWStage = kRows * kWPitch;
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
 
 constexpr int stage_bytes(int nu) { return kWStage + nu * 16 * kKt * static_cast<int>(sizeof(__half)); }
-constexpr int stages_of(int nu) { return std::min(8, 220 * 1024 / stage_bytes(nu)); }
-constexpr size_t smem_bytes(int nu) { return static_cast<size_t>(stages_of(nu)) * stage_bytes(nu); }
-static_assert(stages_of(kMaxUnits) >= 4 && smem_bytes(kMaxUnits) <= 227 * 1024,
+// Deep (policy 4): as many stages as fit, up to 8, one block an SM. Shallow (policy 5): 3 stages,
+// so that two or three blocks share an SM where the rows are few (their MMA and barrier latencies
+// overlap), the K slices then filling every resident block.
+constexpr int stages_of(int nu, bool deep) { return deep ? std::min(8, 220 * 1024 / stage_bytes(nu)) : 3; }
+constexpr size_t smem_bytes(int nu, bool deep) { return static_cast<size_t>(stages_of(nu, deep)) * stage_bytes(nu); }
+static_assert(stages_of(kMaxUnits, true) >= 4 && smem_bytes(kMaxUnits, true) <= 227 * 1024,
               "the largest block must fit in an SM's shared memory with 4 stages");
 constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dynamic shared memory
 
 bool g_avail = false;
+int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [deep][NU - 1]
 
 // The staged activations of rows [0, bp): row b's fp16 values over its power-of-two scale at the
 // positions the MMA reads (see the file comment); xscale[b] the scale. Rows past a.B are zeros.
@@ -155,12 +159,12 @@ __device__ __forceinline__ void load_w8(const unsigned char* p, uint32_t* w) {
 }
 #endif
 
-template <int NU>
+template <int NU, bool kDeep>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
-  constexpr int kStages = stages_of(NU);
+  constexpr int kStages = stages_of(NU, kDeep);
   constexpr int kXStage = kBp * kKt;  // halves of a stage's activations
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wst = smem;
@@ -247,19 +251,30 @@ __global__ void probe_kernel(int* out) {
 }
 
 using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, cudaStream_t);
-template <int NU>
+template <int NU, bool kDeep>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, cudaStream_t s) {
-  wg_kernel<NU><<<grid, kThreads, smem_bytes(NU), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
+  wg_kernel<NU, kDeep><<<grid, kThreads, smem_bytes(NU, kDeep), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
 }
-template <int... I>
+template <bool kDeep, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_nu<I + 1>...};
+  constexpr LaunchFn t[] = {&launch_nu<I + 1, kDeep>...};
   return t[nu - 1];
+}
+template <int NU, bool kDeep>
+bool set_one() {
+  if (cudaFuncSetAttribute(wg_kernel<NU, kDeep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes(NU, kDeep))) != cudaSuccess)
+    return false;
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, kDeep>, kThreads, smem_bytes(NU, kDeep)) !=
+      cudaSuccess)
+    return false;
+  g_occ[kDeep ? 1 : 0][NU - 1] = std::max(occ, 1);
+  return true;
 }
 template <int... I>
 bool set_smem(std::integer_sequence<int, I...>) {
-  return ((cudaFuncSetAttribute(wg_kernel<I + 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_bytes(I + 1))) == cudaSuccess) && ...);
+  return ((set_one<I + 1, true>() && set_one<I + 1, false>()) && ...);
 }
 
 }  // namespace
@@ -289,7 +304,7 @@ void init() {
 
 bool available() { return g_avail; }
 
-int plan(const GemvArgs& a, int B, int sms) {
+int plan(const GemvArgs& a, int B, int sms, bool deep) {
   if (!g_avail || a.wi8 == nullptr || a.K % kKt != 0 || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows)
     return 0;
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
@@ -300,27 +315,28 @@ int plan(const GemvArgs& a, int B, int sms) {
   const size_t s_ws = (a.gemm.ws_floats - kMaxRows) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
   if (s_ws < 1) return 0;
   // K slices: the count with the least estimated time, in units of the time the weights take at the
-  // full memory bandwidth. One block an SM (shared memory); blocks run in waves of `sms`, and a
-  // wave of A blocks draws min(1, 1.5 A / sms) of the bandwidth (an SM's pipeline holds more than
-  // its even share in flight); the partial sums cost S x B x N floats written and read back
+  // full memory bandwidth. Blocks run in waves of R = sms x resident blocks an SM, and a wave of A
+  // blocks draws min(1, A / R) of the bandwidth (v0.25 measured a lone block bound by its MMA and
+  // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
   const int tiles = (a.N + kRows - 1) / kRows;
-  auto bw = [&](int blocks) { return std::min(1.0, 1.5 * blocks / sms); };
+  const int R = sms * g_occ[deep ? 1 : 0][(B + 15) / 16 - 1];
+  auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
   for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, 16}); ++S) {
     const int per = (kt + S - 1) / S;
     if ((kt + per - 1) / per != S) continue;  // another count gives this slice length
-    const int blocks = tiles * S, full = blocks / sms, rest = blocks % sms;
+    const int blocks = tiles * S, full = blocks / R, rest = blocks % R;
     const double d = 1.0 / blocks;  // a block's share of the weights
-    double cost = full * (sms * d / bw(sms)) + (rest > 0 ? rest * d / bw(rest) : 0.0);
+    double cost = full * (R * d / bw(R)) + (rest > 0 ? rest * d / bw(rest) : 0.0);
     cost += static_cast<double>(S) * B * 8.0 / a.K;
     if (best_s == 0 || cost < best) best = cost, best_s = S;
   }
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool deep, cudaStream_t s) {
   const int kt = a.K / kKt, ks = (kt + S - 1) / S * kKt;
   const int nu = (a.B + 15) / 16, bp = nu * 16;
   __half* xw = reinterpret_cast<__half*>(a.gemm.xstage);
@@ -336,7 +352,10 @@ void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s) {
       break;
   }
   const dim3 grid((a.N + kRows - 1) / kRows, S);
-  launch_table(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
+  if (deep)
+    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
+  else
+    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
 }
 
 }  // namespace ppx::kern::gemm_wg

@@ -25,9 +25,11 @@ bool available();
 // The number of K slices a launch of B rows of `a`'s shape would use, or 0 when it cannot run
 // here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
 // round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
-int plan(const GemvArgs& a, int B, int sms);
+// deep: policy 4's pipeline (as many stages as fit, one block an SM); else policy 5's (3 stages,
+// several blocks an SM).
+int plan(const GemvArgs& a, int B, int sms, bool deep = true);
 // Stages `a`'s a.B rows (prologue `in`) and writes the partial sums ws[s][b][n] (s < S = plan(),
 // times each row's activation scale; the weight scale is the epilogue's).
-void launch(GemvIn in, const GemvArgs& a, int S, cudaStream_t s);
+void launch(GemvIn in, const GemvArgs& a, int S, bool deep, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg

@@ -408,10 +408,13 @@ TEST(CudaGemv8, WgmmaGemmMatchesHostReference) {
       cuda::DeviceBuffer<float> ws(kern::gemm_ws_floats(B, c.N));
       a.gemm = kern::GemmScratch{reinterpret_cast<__nv_bfloat16*>(ws.get()), ws.get(), ws.size(),
                                  kern::gemm_xstage_elems(B, c.K)};
-      EXPECT_GT(kern::gemm_wg::plan(a, B, 132), 0) << "N=" << c.N << " K=" << c.K << " B=" << B;
+      EXPECT_GT(kern::gemm_wg::plan(a, B, 132, true), 0) << "N=" << c.N << " K=" << c.K << " B=" << B;
+      EXPECT_GT(kern::gemm_wg::plan(a, B, 132, false), 0) << "N=" << c.N << " K=" << c.K << " B=" << B;
     }
   }
-  kern::gemm_set_policy(4);
+  for (int policy : {4, 5}) {
+  SCOPED_TRACE(testing::Message() << "gemm policy " << policy);
+  kern::gemm_set_policy(policy);
   for (const Case& c : cases) {  // every batch on the small shapes; the model's at fewer (host reference time)
     if (static_cast<int64_t>(c.N) * c.K < 4 << 20)
       check_case(c, /*int8=*/true, {5, 13, 70, 100, 160, 256, 300});
@@ -420,6 +423,7 @@ TEST(CudaGemv8, WgmmaGemmMatchesHostReference) {
   }
   check_case({GemvIn::kRmsNorm, GemvOut::kStore, 300, 4128}, /*int8=*/true, {70});  // K % 64 != 0: policy 0
   check_case({GemvIn::kPlain, GemvOut::kStore, 4096, 4096}, /*int8=*/false, {70}, /*bf16_weights=*/true);
+  }
   kern::gemm_set_policy(0);
 }
 
