@@ -86,7 +86,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
   return prompt;
 }
 
-int g_gemm_policy = 0;     // --gemm-policy
+int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
@@ -99,7 +99,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
   j["flags"] = {{"dep_steps", m.dep_steps < 0 ? m.cfg.lm->dep_q : m.dep_steps},
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
-  if (g_gemm_policy != 0) j["gemm_policy"] = g_gemm_policy;
+  if (g_gemm_policy >= 0) j["gemm_policy"] = g_gemm_policy;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
 }
@@ -632,14 +632,13 @@ int bench(int argc, char** argv) {
                "measurement hook, with --sessions or --sweep and the batched codec: a codec pass of encodes waits "
                "until shortly before the LM step in progress is expected to end, taking the encodes that arrive "
                "meanwhile (off as shipped)");
-  int gemm_policy = 0;
+  int gemm_policy = -1;
   app.add_option("--gemm-policy", gemm_policy,
-                 "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; 0 the "
-                 "shipped one, 1-4 experiments; 3 keeps a bf16 copy of the int8 weights, ~16 GB more at full size, "
-                 "and does nothing with --w8-format fp8; 4 and 5 run int8 weights on wgmma, H100 / H200 only); "
-                 "CUDA builds only")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 5));
+                 "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; default: as "
+                 "shipped, 6; 0 the mma.sync kernel, 1-3 experiments, 3 keeping a bf16 copy of the int8 weights, "
+                 "~16 GB more at full size, and doing nothing with --w8-format fp8; 4 and 5 int8 weights on wgmma, "
+                 "H100 / H200 only; 6 wgmma from 32 rows where it runs); CUDA builds only")
+      ->check(CLI::Range(0, 6));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
                  "with --mimi-fp16 (or --fast): run the transformer linears and the short convolutions of codec "
@@ -658,24 +657,24 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows >= 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
-  if (gemm_policy != 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
+  if (gemm_policy >= 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
   if ((codec_hold || codec_gather_ms > 0) && (per_session_codec || (sessions == 0 && sweep.empty())))
     throw ppx::Error(std::string(codec_hold ? "--codec-hold" : "--codec-gather-ms") +
                      " needs --sessions or --sweep with the batched codec (not --per-session-codec)");
 #if defined(PPX_HAVE_CUDA)
   // Before the model loads (policy 3 keeps a bf16 copy of the int8 weights) and the LM batch
   // captures its graphs; policy 3's cuBLAS handle lives on the --device chosen.
-  if (gemm_policy != 0) {
+  if (gemm_policy >= 0) {
     if (const std::string why = ppx::cuda_device_problem(mf.cuda_device); !why.empty())
       throw ppx::Error("--device " + mf.device_flag + ": " + why);
     PPX_CUDA_CHECK(cudaSetDevice(mf.cuda_device));
   }
-  ppx::kern::gemm_set_policy(gemm_policy);
+  if (gemm_policy >= 0) ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
   if ((mf.mimi_fp16 || mf.fast) && mf.device == "cuda") g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();  // as it applies
 #else
-  if (gemm_policy != 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
+  if (gemm_policy >= 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
   if (mimi_blas_rows >= 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif
   if (!sweep.empty()) {

@@ -431,13 +431,14 @@ int bench(int argc, char** argv) {
   app.add_option("--gemm-batches", gemm_batches, "batch sizes of the gemm section")
       ->capture_default_str()
       ->check(CLI::Range(5, 1024));
-  int gemm_policy = 0;
+  int gemm_policy = ppx::kern::kGemmPolicyAuto;
   app.add_option("--gemm-policy", gemm_policy,
-                 "batched GEMM kernel: 0 the shipped one, 1 16 warps a block (two per row group), 2 row warps "
+                 "batched GEMM kernel: 0 the mma.sync kernel, 1 16 warps a block (two per row group), 2 row warps "
                  "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights, 4 int8 weights on wgmma "
-                 "(H100 / H200; 5 the same with 3 stages and several blocks an SM)")
+                 "(H100 / H200; 5 the same with 4 stages and several blocks an SM), 6 as shipped (4 from 32 rows "
+                 "where it runs, else 0)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 5));
+      ->check(CLI::Range(0, 6));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   std::vector<int> attention_batches{1, 16, 64}, attention_keys{300, 3000};

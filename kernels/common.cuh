@@ -59,6 +59,32 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// 8 consecutive int8 weights at p (8-byte aligned) -> 4 packed fp16 pairs, exact.
+__device__ __forceinline__ void int8x8_to_half(const unsigned char* p, uint32_t* w) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  int8x4_to_half2x2(v.x ^ 0x80808080u, w[0], w[1]);
+  int8x4_to_half2x2(v.y ^ 0x80808080u, w[2], w[3]);
+}
+
+// The power of two 2^e that the int8 GEMMs divide an activation row (or slice) by before rounding
+// it to fp16: mx / 2^e < 2^14, so every value keeps fp16's full precision and none overflows;
+// dividing by it and multiplying the fp32 sums back are exact. frexp: mx = f 2^ex, f in [0.5, 1).
+__device__ __forceinline__ float fp16_pow2_scale(float mx) {
+  int ex = 0;
+  frexpf(mx, &ex);
+  return mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
+}
+// 8 bf16 values (a uint4) times inv -> 8 fp16 values in the same order.
+__device__ __forceinline__ uint4 bf16x8_to_half_scaled(uint4 u, float inv) {
+  uint32_t* w4 = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
+    w4[i] = pack_half2(f.x * inv, f.y * inv);
+  }
+  return u;
+}
+
 // cp.async of 16 (or 4) bytes into shared memory, zero-filled when !full; commit and wait as in PTX.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));

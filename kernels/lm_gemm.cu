@@ -97,12 +97,7 @@ __device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, __nv
   w[2] = v.z;
   w[3] = v.w;
 }
-__device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8_t) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const uint32_t u[2] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u};
-#pragma unroll
-  for (int i = 0; i < 2; ++i) int8x4_to_half2x2(u[i], w[2 * i], w[2 * i + 1]);
-}
+__device__ __forceinline__ void load_a(const unsigned char* p, uint32_t* w, int8_t) { int8x8_to_half(p, w); }
 
 // One m16n8 accumulator tile's partial sums into ws[s][b][n]: rows n0 + g (c[0], c[1]) and
 // n0 + g + 8 (c[2], c[3]), batch columns b0 + 2t and + 1; outside B x N skipped; for int8 weights
@@ -152,23 +147,11 @@ __device__ __forceinline__ void convert_x_slice(__half* xs, int xpitch, int ks_l
       }
     }
     mx = warp_max(mx);
-    // 2^e with mx / 2^e <= 2^14: frexp gives mx = f 2^ex with f in [0.5, 1).
-    int ex = 0;
-    frexpf(mx, &ex);
-    const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
+    const float sc = fp16_pow2_scale(mx);
     const float inv = 1.f / sc;  // exact: a power of two
     if (lane == 0) xscale[r] = sc;
-    for (int k = lane * 8; k < ks_len; k += 256) {
-      uint4 u = *reinterpret_cast<const uint4*>(row + k);
-      uint32_t* w4 = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
-        const __half2 h = __floats2half2_rn(f.x * inv, f.y * inv);
-        w4[i] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      *reinterpret_cast<uint4*>(row + k) = u;
-    }
+    for (int k = lane * 8; k < ks_len; k += 256)
+      *reinterpret_cast<uint4*>(row + k) = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(row + k), inv);
   }
 }
 
@@ -437,7 +420,7 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
 }
 
 int g_sms = 0;
-int g_policy = 0;  // gemm_set_policy()
+int g_policy = kGemmPolicyAuto;  // gemm_set_policy()
 // Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
 // measurement hook of the benchmarks and tests).
 cublasHandle_t g_blas = nullptr;
@@ -541,10 +524,11 @@ size_t gemm_xstage_elems(int B, int max_k) {
 // Four K slices of every width up to max_n, or 64K columns of slices (16 of 4096): what the
 // full-size model's shapes take (the widest, the text head, 4 slices; 4096-wide ones up to 16).
 // gemm_batched() takes fewer slices where this is short, down to the K / 1024 it must have.
-// Policy 4 needs at least one slice of a full launch (256 rows) and the launch's row scales.
+// Policy 4 needs at least one slice of a full launch (256 rows) and the launch's activation scales.
 size_t gemm_ws_floats(int B, int max_n) {
   const size_t split = static_cast<size_t>(std::min(B, 64)) * std::max<size_t>(4 * static_cast<size_t>(max_n), 65536);
-  const size_t wg = static_cast<size_t>(std::min(B, gemm_wg::kMaxRows)) * static_cast<size_t>(max_n) + gemm_wg::kMaxRows;
+  const size_t wg =
+      static_cast<size_t>(std::min(B, gemm_wg::kMaxRows)) * static_cast<size_t>(max_n) + gemm_wg::kScaleFloats;
   return std::max(split, wg);
 }
 }  // namespace ppx::kern
@@ -555,7 +539,11 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.w8 != nullptr || a.K % 32 != 0) return false;  // fp8 weights, odd K: the chunked GEMV
   if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
   if (a.gemm.ws == nullptr) return false;
-  const int policy = g_policy;  // read once: the plan and the launch must agree
+  // Read once: the plan and the launch must agree. The shipped choice (policy 6): wgmma from
+  // kGemmWgMinRows rows where it runs, the mma.sync kernel below (v0.26: where each is faster).
+  int policy = g_policy;
+  if (policy == kGemmPolicyAuto)
+    policy = a.wi8 != nullptr && a.B >= kGemmWgMinRows && gemm_wg::available() ? 4 : 0;
   // The activations the GEMM multiplies: x as given (kPlain), or staged by the GEMV's prologue
   // into xstage (bf16 [B, K]).
   auto stage = [&](const __nv_bfloat16*& x, int64_t& xs) {

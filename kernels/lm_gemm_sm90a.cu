@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "lm_gemm_sm90a.cuh"
@@ -41,10 +42,10 @@ constexpr int kWStage = kRows * kWPitch;
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
 
 constexpr int stage_bytes(int nu) { return kWStage + nu * 16 * kKt * static_cast<int>(sizeof(__half)); }
-// Deep (policy 4): as many stages as fit, up to 8, one block an SM. Shallow (policy 5): 3 stages,
+// Deep (policy 4): as many stages as fit, up to 8, one block an SM. Shallow (policy 5): 4 stages,
 // so that two or three blocks share an SM where the rows are few (their MMA and barrier latencies
 // overlap), the K slices then filling every resident block.
-constexpr int stages_of(int nu, bool deep) { return deep ? std::min(8, 220 * 1024 / stage_bytes(nu)) : 3; }
+constexpr int stages_of(int nu, bool deep) { return deep ? std::min(8, 220 * 1024 / stage_bytes(nu)) : 4; }
 constexpr size_t smem_bytes(int nu, bool deep) { return static_cast<size_t>(stages_of(nu, deep)) * stage_bytes(nu); }
 static_assert(stages_of(kMaxUnits, true) >= 4 && smem_bytes(kMaxUnits, true) <= 227 * 1024,
               "the largest block must fit in an SM's shared memory with 4 stages");
@@ -53,14 +54,19 @@ constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dyn
 bool g_avail = false;
 int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [deep][NU - 1]
 
-// The staged activations of rows [0, bp): row b's fp16 values over its power-of-two scale at the
-// positions the MMA reads (see the file comment); xscale[b] the scale. Rows past a.B are zeros.
+// The staged activations of rows [0, bp) over K slice blockIdx.x, [k0, k0 + ks): row b's fp16
+// values over a power of two at the positions the MMA reads (see the file comment), and
+// xscale[slice * kMaxRows + b] that power (taken over the slice, as policy 0 takes it). Rows past
+// a.B are zeros. The norms see the whole row (their sum of squares) and write the slice; the plain
+// and SiLU inputs read only the slice, so a row is staged by S blocks at once.
 template <GemvIn IN>
-__global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, __half* xw, float* xscale, int bp) {
+__global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, __half* xw, float* xscale, int bp, int ks) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   __shared__ float red[32];
+  constexpr bool kWholeRow = IN == GemvIn::kRmsNorm || IN == GemvIn::kEmbRmsNorm;
   const int b = blockIdx.y, K = a.K, groups = bp / 8;
+  const int k0 = blockIdx.x * ks, k1 = min(K, k0 + ks);
   __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
   auto put = [&](int k, const uint32_t* h) {  // 8 values at k (a multiple of 8) to their places
     const int kt = k / kKt, c32 = (k % kKt) / 32, t = (k % 32) / 8;
@@ -75,32 +81,47 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
   };
   if (b >= a.B) {
     const uint32_t z[4] = {0u, 0u, 0u, 0u};
-    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) put(k, z);
+    for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) put(k, z);
     return;
   }
-  GemvArgs r = a;
-  r.x = a.x + b * a.x_stride;
-  if (a.token) r.token = a.token + b;
-  if (a.x_out) r.x_out = a.x_out + static_cast<int64_t>(b) * K;
-  gemv_impl::stage_x<IN, 1>(r, xs, red);
-  float mx = 0.f;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k])));
-  mx = block_max(mx, red);
-  // 2^e with mx / 2^e < 2^14 (frexp: mx = f 2^ex, f in [0.5, 1)), as lm_gemm.cu's convert_x_slice.
-  int ex = 0;
-  frexpf(mx, &ex);
-  const float sc = mx > 0.f ? ldexpf(1.f, ex - 14) : 1.f;
-  const float inv = 1.f / sc;  // exact: a power of two
-  if (threadIdx.x == 0) xscale[b] = sc;
-  for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(xs + k);
-    const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-    uint32_t h[4];
+  // xs[k - off] holds the bf16 input value k for k in [k0, k1).
+  const int off = kWholeRow ? 0 : k0;
+  if constexpr (kWholeRow) {
+    GemvArgs r = a;
+    r.x = a.x + b * a.x_stride;
+    if (a.token) r.token = a.token + b;
+    if (a.x_out) r.x_out = a.x_out + static_cast<int64_t>(b) * K;
+    gemv_impl::stage_x<IN, 1>(r, xs, red);  // writes x_out from slice 0's blocks only
+  } else {
+    const __nv_bfloat16* x = a.x + b * a.x_stride;
+    for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) {
+      uint4 v = *reinterpret_cast<const uint4*>(x + k);
+      if constexpr (IN == GemvIn::kSiluGate) {  // gate x[k], up x[K + k], as stage_x
+        const uint4 u = *reinterpret_cast<const uint4*>(x + K + k);
+        const __nv_bfloat16* gv = reinterpret_cast<const __nv_bfloat16*>(&v);
+        const __nv_bfloat16* uv = reinterpret_cast<const __nv_bfloat16*>(&u);
+        uint4 o;
+        __nv_bfloat16* ov = reinterpret_cast<__nv_bfloat16*>(&o);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[i]));
-      h[i] = pack_half2(f.x * inv, f.y * inv);
+        for (int i = 0; i < 8; ++i) {
+          const float g = __bfloat162float(gv[i]);
+          ov[i] = __float2bfloat16(g / (1.f + expf(-g)) * __bfloat162float(uv[i]));
+        }
+        v = o;
+      }
+      *reinterpret_cast<uint4*>(xs + (k - off)) = v;
     }
+    __syncthreads();
+  }
+  float mx = 0.f;
+  for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k - off])));
+  mx = block_max(mx, red);
+  const float sc = fp16_pow2_scale(mx);  // as lm_gemm.cu's convert_x_slice
+  const float inv = 1.f / sc;            // exact: a power of two
+  if (threadIdx.x == 0) xscale[blockIdx.x * kMaxRows + b] = sc;
+  for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) {
+    const uint4 u = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(xs + (k - off)), inv);
+    const uint32_t h[4] = {u.x, u.y, u.z, u.w};
     put(k, h);
   }
 }
@@ -115,7 +136,8 @@ __device__ __forceinline__ uint64_t b_desc(const void* p) {
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // cp.async's writes (generic proxy) visible to the MMA's reads of shared memory (async proxy).
@@ -151,12 +173,6 @@ __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __
   if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, b_desc(slab + (NU / 2) * 4 * 128));
 }
 
-// 8 consecutive int8 weights -> 4 fp16 pairs (exact), as lm_gemm.cu's load_a.
-__device__ __forceinline__ void load_w8(const unsigned char* p, uint32_t* w) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  int8x4_to_half2x2(v.x ^ 0x80808080u, w[0], w[1]);
-  int8x4_to_half2x2(v.y ^ 0x80808080u, w[2], w[3]);
-}
 #endif
 
 template <int NU, bool kDeep>
@@ -191,39 +207,57 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
 
+  // One k-tile's MMA group stays in flight while the next tile's fragments are loaded and
+  // converted: the fragments alternate between two register sets, and a tile's stage is refilled
+  // two tiles later (when its group has completed in both warpgroups), so kStages - 2 tiles are
+  // copied ahead of the one being multiplied.
+  constexpr int kAhead = kStages - 2;
   float acc[NU * 8];
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
+  uint32_t fr[2][kKt / 16][4];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
-  for (int it = 0; it < ktiles; ++it) {
-    cp_async_wait<kStages - 2>();
+  for (int i = 0; i < kAhead; ++i) issue(i);
+  auto tile = [&](auto set, int it) {
+    constexpr int f = decltype(set)::value;
+    cp_async_wait<kAhead - 1>();
     fence_proxy_async();
-    __syncthreads();  // stage it is in for every thread; stage it - 1 is free (its MMAs completed)
-    issue(it + kStages - 1);
+    // Tile it's stage is in for every thread; tile it - 2's group has completed in both warpgroups
+    // (each waited for all but its newest group at the end of tile it - 1), so its stage is free.
+    __syncthreads();
+    issue(it + kAhead);
     const unsigned char* wr = wst + (it % kStages) * kWStage + (warp * 16 + g) * kWPitch;
     const __half* xs = xst + (it % kStages) * kXStage;
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-    // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), so that no
-    // register an MMA of the group reads is written while the group is in flight.
-    uint32_t fr[kKt / 16][4];
+    // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), into the
+    // set no group in flight reads (tile it - 2's, completed).
 #pragma unroll
     for (int c = 0; c < kKt / 32; ++c) {
       uint32_t a0[4], a1[4];  // rows g and g + 8
-      load_w8(wr + c * 32 + 8 * t, a0);
-      load_w8(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
-      fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
-      fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2], fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
+      int8x8_to_half(wr + c * 32 + 8 * t, a0);
+      int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+      fr[f][2 * c][0] = a0[0], fr[f][2 * c][1] = a1[0], fr[f][2 * c][2] = a0[1], fr[f][2 * c][3] = a1[1];
+      fr[f][2 * c + 1][0] = a0[2], fr[f][2 * c + 1][1] = a1[2];
+      fr[f][2 * c + 1][2] = a0[3], fr[f][2 * c + 1][3] = a1[3];
     }
     wg_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < kKt / 16; ++k16) mma_step<NU>(acc, fr[k16], xs + k16 * (kBp / 8) * 128);
+    for (int k16 = 0; k16 < kKt / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128);
     wg_commit();
-    wg_wait_all();
+    wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+  };
+  int it = 0;
+  for (; it + 1 < ktiles; it += 2) {
+    tile(std::integral_constant<int, 0>{}, it);
+    tile(std::integral_constant<int, 1>{}, it + 1);
   }
+  if (it < ktiles) tile(std::integral_constant<int, 0>{}, it);
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
   // Partial sums: accumulator 4 j + e is weight row 16 warp + g (+ 8 for e >= 2), batch column
   // 8 j + 2 t + (e & 1) (the m16n8 fragment order, repeated along N).
@@ -233,7 +267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int b = 8 * j + 2 * t + (e & 1), n = nb + (e >= 2 ? 8 : 0);
-      if (b < B && n < N) ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + e] * xscale[b];
+      if (b < B && n < N)
+        ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + e] * xscale[blockIdx.y * kMaxRows + b];
     }
   }
 #else
@@ -310,9 +345,9 @@ int plan(const GemvArgs& a, int B, int sms, bool deep) {
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
     return 0;
-  if (a.gemm.ws_floats <= static_cast<size_t>(kMaxRows)) return 0;  // the row scales sit at its end
+  if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return 0;  // the scales sit at its end
   const int kt = a.K / kKt;
-  const size_t s_ws = (a.gemm.ws_floats - kMaxRows) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
+  const size_t s_ws = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
   if (s_ws < 1) return 0;
   // K slices: the count with the least estimated time, in units of the time the weights take at the
   // full memory bandwidth. Blocks run in waves of R = sms x resident blocks an SM, and a wave of A
@@ -324,7 +359,7 @@ int plan(const GemvArgs& a, int B, int sms, bool deep) {
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
-  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, 16}); ++S) {
+  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, kMaxSlices}); ++S) {
     const int per = (kt + S - 1) / S;
     if ((kt + per - 1) / per != S) continue;  // another count gives this slice length
     const int blocks = tiles * S, full = blocks / R, rest = blocks % R;
@@ -340,18 +375,24 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool deep, cudaStream_t s) {
   const int kt = a.K / kKt, ks = (kt + S - 1) / S * kKt;
   const int nu = (a.B + 15) / 16, bp = nu * 16;
   __half* xw = reinterpret_cast<__half*>(a.gemm.xstage);
-  float* xscale = a.gemm.ws + a.gemm.ws_floats - kMaxRows;
-  const dim3 sg(1, bp);
-  const size_t ssm = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
+  float* xscale = a.gemm.ws + a.gemm.ws_floats - kScaleFloats;
+  const int slices = (kt * kKt + ks - 1) / ks;  // S, or fewer where the last ones are empty
+  const dim3 sg(slices, bp);
+  const bool whole = in == GemvIn::kRmsNorm || in == GemvIn::kEmbRmsNorm;
+  const size_t ssm = static_cast<size_t>(whole ? a.K : ks) * sizeof(__nv_bfloat16);
   switch (in) {
-    case GemvIn::kPlain: stage_kernel<GemvIn::kPlain><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
-    case GemvIn::kRmsNorm: stage_kernel<GemvIn::kRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
-    case GemvIn::kSiluGate: stage_kernel<GemvIn::kSiluGate><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp); break;
+    case GemvIn::kPlain: stage_kernel<GemvIn::kPlain><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks); break;
+    case GemvIn::kRmsNorm:
+      stage_kernel<GemvIn::kRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
+      break;
+    case GemvIn::kSiluGate:
+      stage_kernel<GemvIn::kSiluGate><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
+      break;
     case GemvIn::kEmbRmsNorm:
-      stage_kernel<GemvIn::kEmbRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp);
+      stage_kernel<GemvIn::kEmbRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
       break;
   }
-  const dim3 grid((a.N + kRows - 1) / kRows, S);
+  const dim3 grid((a.N + kRows - 1) / kRows, slices);
   if (deep)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
   else

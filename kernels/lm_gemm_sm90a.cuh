@@ -6,9 +6,9 @@
 //
 // The int8 weights are the MMA's A operand, converted exactly to fp16 in registers as policy 0
 // does; the activations are its B operand, in shared memory, fp16 over a power of two per batch
-// row (the same exactness argument as policy 0, with the scale taken over the whole row instead of
-// a K slice), staged once per launch by a prologue kernel into GemmScratch::xstage in the order the
-// MMA reads them. Sums are fp32; the split-K partials and the epilogue are lm_gemm.cu's.
+// row and K slice (policy 0's exactness argument and scales), staged once per launch by a prologue
+// kernel into GemmScratch::xstage in the order the MMA reads them. Sums are fp32; the split-K
+// partials and the epilogue are lm_gemm.cu's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +18,9 @@
 namespace ppx::kern::gemm_wg {
 
 constexpr int kMaxRows = 256;  // batch rows of one launch (the MMA's N)
+constexpr int kMaxSlices = 16;  // K slices of one launch
+// The activation scales, one a batch row and K slice, sit at the end of GemmScratch::ws.
+constexpr int kScaleFloats = kMaxRows * kMaxSlices;
 
 // Probes once whether this device runs the sm_90a kernels (called by gemv_init()).
 void init();
@@ -25,7 +28,7 @@ bool available();
 // The number of K slices a launch of B rows of `a`'s shape would use, or 0 when it cannot run
 // here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
 // round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
-// deep: policy 4's pipeline (as many stages as fit, one block an SM); else policy 5's (3 stages,
+// deep: policy 4's pipeline (as many stages as fit, one block an SM); else policy 5's (4 stages,
 // several blocks an SM).
 int plan(const GemvArgs& a, int B, int sms, bool deep = true);
 // Stages `a`'s a.B rows (prologue `in`) and writes the partial sums ws[s][b][n] (s < S = plan(),
