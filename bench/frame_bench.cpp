@@ -637,7 +637,7 @@ int bench(int argc, char** argv) {
                  "measurement hook: the batched GEMM kernel (personaplex-bench-kernels --gemm-policy; default: as "
                  "shipped, 6; 0 the mma.sync kernel, 1-3 experiments, 3 keeping a bf16 copy of the int8 weights, "
                  "~16 GB more at full size, and doing nothing with --w8-format fp8; 4 and 5 int8 weights on wgmma, "
-                 "H100 / H200 only; 6 wgmma from 32 rows where it runs); CUDA builds only")
+                 "H100 / H200 only; 6 wgmma from 40 rows where it runs); CUDA builds only")
       ->check(CLI::Range(0, 6));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,

@@ -92,7 +92,7 @@ void gemv_set_grid_policy(int policy);
 // ships): policy 4 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
 // policy 0. Not thread-safe; not for serving code.
 constexpr int kGemmPolicyAuto = 6;
-constexpr int kGemmWgMinRows = 32;
+constexpr int kGemmWgMinRows = 40;
 void gemm_set_policy(int policy);
 int gemm_policy();
 // Whether this device runs policy 4 (an sm_90 device and a build with sm_90 among its
