@@ -600,9 +600,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int sms = g_sms > 0 ? g_sms : 132;
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
-  const bool deep = policy == 4;
+  const bool wide = policy == 5;
   if ((policy == 4 || policy == 5) && a.wi8 != nullptr &&
-      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, deep) > 0) {
+      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
       c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
@@ -611,8 +611,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
-      const int S = gemm_wg::plan(c, c.B, sms, deep);
-      gemm_wg::launch(in, c, S, deep, s);
+      const int S = gemm_wg::plan(c, c.B, sms, wide);
+      gemm_wg::launch(in, c, S, wide, s);
       epilogue(c, S);
     }
     return true;

@@ -32,34 +32,38 @@ namespace ppx::kern::gemm_wg {
 
 namespace {
 
-constexpr int kKt = 64;        // k per stage
+constexpr int kKt = 64;        // k per stage (policy 4; policy 5 takes 128 where it fits)
 constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
 // a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
-constexpr int kWPitch = 96;
-constexpr int kWStage = kRows * kWPitch;
+// At k-tiles of 128, 160 (40 words) does the same.
+constexpr int w_pitch(int kt) { return kt + 32; }
+constexpr int w_stage(int kt) { return kRows * w_pitch(kt); }
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
 
-constexpr int stage_bytes(int nu) { return kWStage + nu * 16 * kKt * static_cast<int>(sizeof(__half)); }
-// Deep (policy 4): as many stages as fit, up to 8, one block an SM. Shallow (policy 5): 4 stages,
-// so that two or three blocks share an SM where the rows are few (their MMA and barrier latencies
-// overlap), the K slices then filling every resident block.
-constexpr int stages_of(int nu, bool deep) { return deep ? std::min(8, 220 * 1024 / stage_bytes(nu)) : 4; }
-constexpr size_t smem_bytes(int nu, bool deep) { return static_cast<size_t>(stages_of(nu, deep)) * stage_bytes(nu); }
-static_assert(stages_of(kMaxUnits, true) >= 4 && smem_bytes(kMaxUnits, true) <= 227 * 1024,
+constexpr int stage_bytes(int nu, int kt) { return w_stage(kt) + nu * 16 * kt * static_cast<int>(sizeof(__half)); }
+// As many stages as fit, up to 8, one block an SM: the weight bytes in flight bound an SM's share
+// of the bandwidth, and the pipeline copies stages - 2 tiles ahead.
+constexpr int stages_of(int nu, int kt) { return std::min(8, 220 * 1024 / stage_bytes(nu, kt)); }
+constexpr size_t smem_bytes(int nu, int kt) { return static_cast<size_t>(stages_of(nu, kt)) * stage_bytes(nu, kt); }
+// Policy 5 ("wide"): k-tiles of 128, half the barriers and waits per byte, where 4 stages fit (up
+// to 128 rows); above, its launches are policy 4's.
+constexpr int kt_of(int nu, bool wide) { return wide && stages_of(nu, 128) >= 4 ? 128 : kKt; }
+static_assert(stages_of(kMaxUnits, kKt) >= 4 && smem_bytes(kMaxUnits, kKt) <= 227 * 1024,
               "the largest block must fit in an SM's shared memory with 4 stages");
+static_assert(kt_of(8, true) == 128, "policy 5 takes k-tiles of 128 up to 128 rows");
 constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dynamic shared memory
 
 bool g_avail = false;
-int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [deep][NU - 1]
+int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [wide][NU - 1]
 
 // The staged activations of rows [0, bp) over K slice blockIdx.x, [k0, k0 + ks): row b's fp16
 // values over a power of two at the positions the MMA reads (see the file comment), and
 // xscale[slice * kMaxRows + b] that power (taken over the slice, as policy 0 takes it). Rows past
 // a.B are zeros. The norms see the whole row (their sum of squares) and write the slice; the plain
 // and SiLU inputs read only the slice, so a row is staged by S blocks at once.
-template <GemvIn IN>
+template <GemvIn IN, int KT>
 __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, __half* xw, float* xscale, int bp, int ks) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
@@ -69,8 +73,8 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
   const int k0 = blockIdx.x * ks, k1 = min(K, k0 + ks);
   __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
   auto put = [&](int k, const uint32_t* h) {  // 8 values at k (a multiple of 8) to their places
-    const int kt = k / kKt, c32 = (k % kKt) / 32, t = (k % 32) / 8;
-    __half* p = row + static_cast<int64_t>(kt) * bp * kKt + 2 * t;
+    const int kt = k / KT, c32 = (k % KT) / 32, t = (k % 32) / 8;
+    __half* p = row + static_cast<int64_t>(kt) * bp * KT + 2 * t;
     const int64_t slab = static_cast<int64_t>(groups) * 128;  // halves per k16 step
     // Values 8t + {0,1} and {2,3} are k (2t, 2t+1) and (2t+8, 2t+9) of step 2 c32; {4,5} and {6,7}
     // the same of step 2 c32 + 1.
@@ -175,32 +179,34 @@ __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __
 
 #endif
 
-template <int NU, bool kDeep>
+template <int NU, int KT>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
-  constexpr int kStages = stages_of(NU, kDeep);
-  constexpr int kXStage = kBp * kKt;  // halves of a stage's activations
+  constexpr int kStages = stages_of(NU, KT);
+  static_assert(kStages >= 4, "the pipeline needs two stages ahead");
+  constexpr int kXStage = kBp * KT;  // halves of a stage's activations
+  constexpr int kWPitch = w_pitch(KT), kWStage = w_stage(KT);
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wst = smem;
   __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * kRows;
-  const int k0 = blockIdx.y * ks, ktiles = min(ks, K - k0) / kKt;
+  const int k0 = blockIdx.y * ks, ktiles = min(ks, K - k0) / KT;
 
   auto issue = [&](int it) {
     if (it < ktiles) {
-      const int kg = k0 + it * kKt;
+      const int kg = k0 + it * KT;
       unsigned char* wd = wst + (it % kStages) * kWStage;
 #pragma unroll
-      for (int c = 0; c < kRows * kKt / 16 / kThreads; ++c) {
-        const int chunk = tid + c * kThreads, row = chunk / (kKt / 16), col = chunk % (kKt / 16);
+      for (int c = 0; c < kRows * KT / 16 / kThreads; ++c) {
+        const int chunk = tid + c * kThreads, row = chunk / (KT / 16), col = chunk % (KT / 16);
         const int n = min(n0 + row, N - 1);  // rows past N: computed, not stored
         cp_async16(wd + row * kWPitch + col * 16, w + static_cast<int64_t>(n) * K + kg + col * 16, true);
       }
-      const __half* xsrc = xw + static_cast<int64_t>(kg / kKt) * kXStage;
+      const __half* xsrc = xw + static_cast<int64_t>(kg / KT) * kXStage;
       __half* xd = xst + (it % kStages) * kXStage;
       for (int c = tid; c < kXStage / 8; c += kThreads) cp_async16(xd + c * 8, xsrc + c * 8, true);
     }
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[NU * 8];
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
-  uint32_t fr[2][kKt / 16][4];
+  uint32_t fr[2][KT / 16][4];
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
   auto tile = [&](auto set, int it) {
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), into the
     // set no group in flight reads (tile it - 2's, completed).
 #pragma unroll
-    for (int c = 0; c < kKt / 32; ++c) {
+    for (int c = 0; c < KT / 32; ++c) {
       uint32_t a0[4], a1[4];  // rows g and g + 8
       int8x8_to_half(wr + c * 32 + 8 * t, a0);
       int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wg_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < kKt / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128);
+    for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128);
     wg_commit();
     wg_wait<1>();
 #pragma unroll
@@ -286,30 +292,40 @@ __global__ void probe_kernel(int* out) {
 }
 
 using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, cudaStream_t);
-template <int NU, bool kDeep>
+template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, cudaStream_t s) {
-  wg_kernel<NU, kDeep><<<grid, kThreads, smem_bytes(NU, kDeep), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
+  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
 }
-template <bool kDeep, int... I>
+template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_nu<I + 1, kDeep>...};
+  constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, kWide)>...};
   return t[nu - 1];
 }
-template <int NU, bool kDeep>
+template <int NU, bool kWide>
 bool set_one() {
-  if (cudaFuncSetAttribute(wg_kernel<NU, kDeep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem_bytes(NU, kDeep))) != cudaSuccess)
+  constexpr int KT = kt_of(NU, kWide);
+  if (cudaFuncSetAttribute(wg_kernel<NU, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes(NU, KT))) != cudaSuccess)
     return false;
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, kDeep>, kThreads, smem_bytes(NU, kDeep)) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT>, kThreads, smem_bytes(NU, KT)) !=
       cudaSuccess)
     return false;
-  g_occ[kDeep ? 1 : 0][NU - 1] = std::max(occ, 1);
+  g_occ[kWide ? 1 : 0][NU - 1] = std::max(occ, 1);
   return true;
 }
 template <int... I>
 bool set_smem(std::integer_sequence<int, I...>) {
-  return ((set_one<I + 1, true>() && set_one<I + 1, false>()) && ...);
+  return ((set_one<I + 1, false>() && set_one<I + 1, true>()) && ...);
+}
+
+template <GemvIn IN>
+void stage(const GemvArgs& a, int kt, dim3 grid, size_t smem, __half* xw, float* xscale, int bp, int ks,
+           cudaStream_t s) {
+  if (kt == 128)
+    stage_kernel<IN, 128><<<grid, gemv_impl::kThreads, smem, s>>>(a, xw, xscale, bp, ks);
+  else
+    stage_kernel<IN, kKt><<<grid, gemv_impl::kThreads, smem, s>>>(a, xw, xscale, bp, ks);
 }
 
 }  // namespace
@@ -339,14 +355,16 @@ void init() {
 
 bool available() { return g_avail; }
 
-int plan(const GemvArgs& a, int B, int sms, bool deep) {
-  if (!g_avail || a.wi8 == nullptr || a.K % kKt != 0 || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows)
-    return 0;
+int plan(const GemvArgs& a, int B, int sms, bool wide) {
+  wide = wide && a.K % 128 == 0;  // as launch() decides
+  if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
+  const int KT = kt_of((B + 15) / 16, wide);
+  if (a.K % KT != 0) return 0;
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
     return 0;
   if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return 0;  // the scales sit at its end
-  const int kt = a.K / kKt;
+  const int kt = a.K / KT;
   const size_t s_ws = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
   if (s_ws < 1) return 0;
   // K slices: the count with the least estimated time, in units of the time the weights take at the
@@ -355,7 +373,7 @@ int plan(const GemvArgs& a, int B, int sms, bool deep) {
   // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
   const int tiles = (a.N + kRows - 1) / kRows;
-  const int R = sms * g_occ[deep ? 1 : 0][(B + 15) / 16 - 1];
+  const int R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
@@ -371,29 +389,24 @@ int plan(const GemvArgs& a, int B, int sms, bool deep) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool deep, cudaStream_t s) {
-  const int kt = a.K / kKt, ks = (kt + S - 1) / S * kKt;
-  const int nu = (a.B + 15) / 16, bp = nu * 16;
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s) {
+  wide = wide && a.K % 128 == 0;  // else policy 4's k-tiles (K % 64 == 0)
+  const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_of(nu, wide);
+  const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
   __half* xw = reinterpret_cast<__half*>(a.gemm.xstage);
   float* xscale = a.gemm.ws + a.gemm.ws_floats - kScaleFloats;
-  const int slices = (kt * kKt + ks - 1) / ks;  // S, or fewer where the last ones are empty
+  const int slices = (kt * KT + ks - 1) / ks;  // S, or fewer where the last ones are empty
   const dim3 sg(slices, bp);
   const bool whole = in == GemvIn::kRmsNorm || in == GemvIn::kEmbRmsNorm;
   const size_t ssm = static_cast<size_t>(whole ? a.K : ks) * sizeof(__nv_bfloat16);
   switch (in) {
-    case GemvIn::kPlain: stage_kernel<GemvIn::kPlain><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks); break;
-    case GemvIn::kRmsNorm:
-      stage_kernel<GemvIn::kRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
-      break;
-    case GemvIn::kSiluGate:
-      stage_kernel<GemvIn::kSiluGate><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
-      break;
-    case GemvIn::kEmbRmsNorm:
-      stage_kernel<GemvIn::kEmbRmsNorm><<<sg, gemv_impl::kThreads, ssm, s>>>(a, xw, xscale, bp, ks);
-      break;
+    case GemvIn::kPlain: stage<GemvIn::kPlain>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
+    case GemvIn::kRmsNorm: stage<GemvIn::kRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
+    case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
+    case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
   const dim3 grid((a.N + kRows - 1) / kRows, slices);
-  if (deep)
+  if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
   else
     launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);

@@ -28,11 +28,10 @@ bool available();
 // The number of K slices a launch of B rows of `a`'s shape would use, or 0 when it cannot run
 // here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
 // round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
-// deep: policy 4's pipeline (as many stages as fit, one block an SM); else policy 5's (4 stages,
-// several blocks an SM).
-int plan(const GemvArgs& a, int B, int sms, bool deep = true);
+// wide: policy 5's k-tiles of 128 (up to 128 rows and where K % 128 == 0; else policy 4's 64).
+int plan(const GemvArgs& a, int B, int sms, bool wide = false);
 // Stages `a`'s a.B rows (prologue `in`) and writes the partial sums ws[s][b][n] (s < S = plan(),
 // times each row's activation scale; the weight scale is the epilogue's).
-void launch(GemvIn in, const GemvArgs& a, int S, bool deep, cudaStream_t s);
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg
