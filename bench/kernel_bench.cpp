@@ -435,7 +435,7 @@ int bench(int argc, char** argv) {
   app.add_option("--gemm-policy", gemm_policy,
                  "batched GEMM kernel: 0 the mma.sync kernel, 1 16 warps a block (two per row group), 2 row warps "
                  "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights, 4 int8 weights on wgmma "
-                 "(H100 / H200; 5 the same with k-tiles of 128 up to 128 rows), 6 as shipped (4 from 40 rows "
+                 "(H100 / H200; 5 the same with k-tiles of 128 up to 128 rows), 6 as shipped (5 from 40 rows "
                  "where it runs, else 0)")
       ->capture_default_str()
       ->check(CLI::Range(0, 6));

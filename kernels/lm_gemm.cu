@@ -539,11 +539,12 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.w8 != nullptr || a.K % 32 != 0) return false;  // fp8 weights, odd K: the chunked GEMV
   if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
   if (a.gemm.ws == nullptr) return false;
-  // Read once: the plan and the launch must agree. The shipped choice (policy 6): wgmma from
-  // kGemmWgMinRows rows where it runs, the mma.sync kernel below (v0.26: where each is faster).
+  // Read once: the plan and the launch must agree. The shipped choice (policy 6): wgmma with
+  // k-tiles of 128 where they fit (policy 5) from kGemmWgMinRows rows where it runs, the mma.sync
+  // kernel below (v0.26: where each is faster).
   int policy = g_policy;
   if (policy == kGemmPolicyAuto)
-    policy = a.wi8 != nullptr && a.B >= kGemmWgMinRows && gemm_wg::available() ? 4 : 0;
+    policy = a.wi8 != nullptr && a.B >= kGemmWgMinRows && gemm_wg::available() ? 5 : 0;
   // The activations the GEMM multiplies: x as given (kPlain), or staged by the GEMV's prologue
   // into xstage (bf16 [B, K]).
   auto stage = [&](const __nv_bfloat16*& x, int64_t& xs) {

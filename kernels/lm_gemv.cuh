@@ -89,7 +89,7 @@ void gemv_set_grid_policy(int policy);
 // int8 weights on Hopper's wgmma, up to 256 rows a launch (lm_gemm_sm90a.cuh; bf16 weights, or a
 // scratch without room, run policy 0); setting it where gemm_wg_available() is false throws. 5:
 // policy 4 with k-tiles of 128 up to 128 rows (where K % 128 == 0). 6 (kGemmPolicyAuto, the default, what
-// ships): policy 4 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
+// ships): policy 5 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
 // policy 0. Not thread-safe; not for serving code.
 constexpr int kGemmPolicyAuto = 6;
 constexpr int kGemmWgMinRows = 40;

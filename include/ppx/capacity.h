@@ -43,14 +43,14 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
-// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.24, the codec's cuBLAS path and
-// pipelined frames): with every context full, 136 `--fast --kv-fp8` sessions held real time for two
-// minutes (148 had 0.5% of their frames late, 160 a fifth) and 80 bf16-KV sessions (more not tried);
-// at the copy rate the server measured there (3.74 TB/s) 0.25 ms makes the model allow 121 fp8
-// sessions and 80 bf16 ones, at or below what held (with the server's inputs there: 8.7 GB of
-// weights). (0.38 from v0.20, when the codec cost
-// ~0.18 ms of GPU a session at 64 rows, now ~0.07; 0.6 before, on v0.15's per-session codec graphs.)
-inline constexpr double kSessionFixedMs = 0.25;
+// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.26, the wgmma GEMM as shipped):
+// with every context full, 160 `--fast --kv-fp8` sessions held real time for two minutes with the
+// GPU busy ~99% of the time (2.67 steps of ~60 rows a frame; memory holds no more), and 80 bf16-KV
+// sessions (v0.24; memory holds 82). At the copy rate the server measured there (3.74 TB/s) and
+// its 8.7 GB of weights, 0.12 ms makes the model allow 158 fp8 sessions and 94 bf16 ones, so memory
+// binds both there. (0.25 from v0.24, before the wgmma GEMM, when 136 fp8 sessions held and 148
+// did not quite; 0.38 from v0.20; 0.6 before, on v0.15's per-session codec graphs.)
+inline constexpr double kSessionFixedMs = 0.12;
 
 // --prompt-cache-mb auto (CudaOptions::prompt_cache_bytes == kPromptCacheAuto): the prompt cache
 // takes a tenth of the free memory after the LM loaded, at most 4 GiB (15 prompts of 1000 text
