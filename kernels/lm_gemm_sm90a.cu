@@ -1,17 +1,18 @@
-// GEMM policy 4: the batched int8-weight GEMM on wgmma (see lm_gemm_sm90a.cuh). Compiled for
-// sm_90a alone (kernels/CMakeLists.txt); the kernels' bodies exist only under the architecture's
-// feature macro, and init() probes for them.
+// GEMM policies 4 and 5 (and 6, the default, from 40 rows): the batched int8-weight GEMM on wgmma
+// (see lm_gemm_sm90a.cuh). Compiled for sm_90a alone (kernels/CMakeLists.txt); the kernels' bodies
+// exist only under the architecture's feature macro, and init() probes for them.
 //
 // Work split: the grid is (tiles, S). Block (p, s) owns weight rows [128 p, 128 p + 128) and the K
-// slice s, and streams both operands through a cp.async pipeline in k-tiles of 64 (as many stages,
-// up to 8, as fit in shared memory: the weight bytes in flight are what bounds an SM's share of
-// the memory bandwidth): the
-// tile's 128 x 64 weight bytes and the 64 columns of every batch row's staged activations (already
-// in the MMA's order, so one contiguous copy). Its two warpgroups each own 64 weight rows and all
+// slice s, and streams both operands through a cp.async pipeline in k-tiles of KT = 64 (policy 4)
+// or 128 (policy 5, where 4 stages fit) with as many stages, up to 8, as fit in shared memory (the
+// weight bytes in flight are what bounds an SM's share of the memory bandwidth): the tile's
+// 128 x KT weight bytes and the KT columns of every batch row's staged activations (already in
+// the MMA's order, so one contiguous copy). Its two warpgroups each own 64 weight rows and all
 // batch columns: per 32-wide k step a lane loads 8 consecutive weights of rows g and g + 8 of its
 // warp's 16, converts them to fp16 (the A fragments of two k16 MMAs, with the k order inside the
 // 32 permuted as in lm_gemm.cu), and issues one m64nNk16 MMA per 32 (or 16) batch columns reading
-// the activations from shared memory.
+// the activations from shared memory. One k-tile's MMAs stay in flight while the next tile's
+// fragments are loaded and converted (two register sets, wgmma.wait_group 1).
 //
 // Shared-memory layout of the activations (the "no swizzle" canonical K-major layout of the MMA's B
 // operand): per k16 step, per group of 8 batch rows, two 8 x 8 core matrices (k 0-7, then 8-15 of

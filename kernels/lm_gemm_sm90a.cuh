@@ -1,5 +1,5 @@
-// GEMM policy 4 (kern::gemm_set_policy; a measurement hook until it is measured): the batched
-// int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
+// GEMM policies 4 and 5 (kern::gemm_set_policy; policy 6, the default, takes 5 from 40 rows): the
+// batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
 // false and lm_gemm.cu runs policy 0.
