@@ -39,11 +39,11 @@ size_t codec_slot_bytes_estimate(const MimiConfig& c);
 // (bytes read plus written, as cudaMemcpy moves them: ~3.76 TB/s on an H200) at which a batch step
 // streams the weights and the KV caches. Measured there (docs/PERF.md v0.15): the weights at ~2-3
 // TB/s (0.6); the batched attention reads a bf16 KV cache at ~4.5 TB/s and an fp8 one at ~2.6 TB/s
-// (0.7, the lower). Better kernels raise them.
+// (0.7, the lower; the fp8 one at ~3.5 TB/s since v0.18, the factor kept). Better kernels raise them.
 inline constexpr double kWeightStreamEfficiency = 0.6;
 inline constexpr double kKvStreamEfficiency = 0.7;
 // Device time each session costs a frame besides its KV reads: its Mimi encode and decode and its
-// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.26, the wgmma GEMM as shipped):
+// rows of the batched step. Calibrated on an H200 (docs/PERF.md v0.26, the wgmma GEMM, k-tiles of 64):
 // with every context full, 160 `--fast --kv-fp8` sessions held real time for two minutes with the
 // GPU busy ~99% of the time (2.67 steps of ~60 rows a frame; memory holds no more), and 80 bf16-KV
 // sessions (v0.24; memory holds 82). At the copy rate the server measured there (3.74 TB/s) and
