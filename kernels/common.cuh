@@ -59,6 +59,9 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The FFN's gated activation: SiLU(g) x u.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
 // 8 consecutive int8 weights at p (8-byte aligned) -> 4 packed fp16 pairs, exact.
 __device__ __forceinline__ void int8x8_to_half(const unsigned char* p, uint32_t* w) {
   const uint2 v = *reinterpret_cast<const uint2*>(p);

@@ -397,7 +397,7 @@ __global__ void epilogue_kernel(GemvArgs a, const float* ws, int S) {
   if constexpr (OUT == GemvOut::kGateUp) {
     const float gg = __bfloat162float(__float2bfloat16(sum(n)));
     const float uu = __bfloat162float(__float2bfloat16(sum(n + rows)));
-    a.y[b * a.y_stride + n] = __float2bfloat16(gg / (1.f + expf(-gg)) * uu);
+    a.y[b * a.y_stride + n] = __float2bfloat16(silu_mul(gg, uu));
   } else {
     gemv_impl::epilogue<OUT>(a, b, n, sum(n));
   }

@@ -51,6 +51,8 @@ constexpr size_t smem_bytes(int nu, int kt) { return static_cast<size_t>(stages_
 // Policy 5 ("wide"): k-tiles of 128, half the barriers and waits per byte, where 4 stages fit (up
 // to 128 rows); above, its launches are policy 4's.
 constexpr int kt_of(int nu, bool wide) { return wide && stages_of(nu, 128) >= 4 ? 128 : kKt; }
+// The k-tile a launch of nu units over K takes (plan() and launch() must agree): 128 needs K % 128.
+constexpr int kt_for(int nu, bool wide, int K) { return kt_of(nu, wide && K % 128 == 0); }
 static_assert(stages_of(kMaxUnits, kKt) >= 4 && smem_bytes(kMaxUnits, kKt) <= 227 * 1024,
               "the largest block must fit in an SM's shared memory with 4 stages");
 static_assert(kt_of(8, true) == 128, "policy 5 takes k-tiles of 128 up to 128 rows");
@@ -108,10 +110,7 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
         uint4 o;
         __nv_bfloat16* ov = reinterpret_cast<__nv_bfloat16*>(&o);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float g = __bfloat162float(gv[i]);
-          ov[i] = __float2bfloat16(g / (1.f + expf(-g)) * __bfloat162float(uv[i]));
-        }
+        for (int i = 0; i < 8; ++i) ov[i] = __float2bfloat16(silu_mul(__bfloat162float(gv[i]), __bfloat162float(uv[i])));
         v = o;
       }
       *reinterpret_cast<uint4*>(xs + (k - off)) = v;
@@ -357,9 +356,8 @@ void init() {
 bool available() { return g_avail; }
 
 int plan(const GemvArgs& a, int B, int sms, bool wide) {
-  wide = wide && a.K % 128 == 0;  // as launch() decides
   if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
-  const int KT = kt_of((B + 15) / 16, wide);
+  const int KT = kt_for((B + 15) / 16, wide, a.K);
   if (a.K % KT != 0) return 0;
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
@@ -391,13 +389,12 @@ int plan(const GemvArgs& a, int B, int sms, bool wide) {
 }
 
 void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s) {
-  wide = wide && a.K % 128 == 0;  // else policy 4's k-tiles (K % 64 == 0)
-  const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_of(nu, wide);
+  wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
+  const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
   __half* xw = reinterpret_cast<__half*>(a.gemm.xstage);
   float* xscale = a.gemm.ws + a.gemm.ws_floats - kScaleFloats;
-  const int slices = (kt * KT + ks - 1) / ks;  // S, or fewer where the last ones are empty
-  const dim3 sg(slices, bp);
+  const dim3 sg(S, bp);  // plan() chose S so that no slice is empty
   const bool whole = in == GemvIn::kRmsNorm || in == GemvIn::kEmbRmsNorm;
   const size_t ssm = static_cast<size_t>(whole ? a.K : ks) * sizeof(__nv_bfloat16);
   switch (in) {
@@ -406,7 +403,7 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s) {
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid((a.N + kRows - 1) / kRows, slices);
+  const dim3 grid((a.N + kRows - 1) / kRows, S);
   if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
   else

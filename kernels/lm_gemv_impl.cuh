@@ -162,7 +162,7 @@ __device__ void stage_x(const GemvArgs& a, __nv_bfloat16* xs, float* red) {
       for (int k = threadIdx.x; k < K; k += kThreads) {
         const float g = __bfloat162float(x[k]);
         const float u = __bfloat162float(x[K + k]);
-        dst[k] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+        dst[k] = __float2bfloat16(silu_mul(g, u));
       }
     }
   }
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
         for (int b = 0; b < B; ++b) {
           const float g = __bfloat162float(__float2bfloat16(acc[0][b]));
           const float u = __bfloat162float(__float2bfloat16(acc[1][b]));
-          a.y[b * a.y_stride + row0] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+          a.y[b * a.y_stride + row0] = __float2bfloat16(silu_mul(g, u));
         }
       } else {
 #pragma unroll
