@@ -56,6 +56,7 @@
 
 #include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
 #include "backend/cuda/cuda_util.h"  // PPX_CUDA_CHECK
+#include "lm_attention.cuh"           // kern::attention_set_policy (--attention-policy)
 #include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
 #include "apps/common.h"
@@ -87,6 +88,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 }
 
 int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
+int g_attention_policy = -1;  // --attention-policy (-1: as shipped)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
@@ -100,6 +102,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy >= 0) j["gemm_policy"] = g_gemm_policy;
+  if (g_attention_policy >= 0) j["attention_policy"] = g_attention_policy;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
 }
@@ -639,6 +642,12 @@ int bench(int argc, char** argv) {
                  "~16 GB more at full size, and doing nothing with --w8-format fp8; 4 and 5 int8 weights on wgmma, "
                  "H100 / H200 only; 6 wgmma from 40 rows where it runs); CUDA builds only")
       ->check(CLI::Range(0, 6));
+  int attention_policy = -1;
+  app.add_option("--attention-policy", attention_policy,
+                 "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "
+                 "attention-batch; default: as shipped, 0; 2 the fp8 cache on the scalar kernel, 3 the fp8 "
+                 "tensor-core kernel with 4 stages, 4 and 5 its lean variant with 3 and 4 stages); CUDA builds only")
+      ->check(CLI::Range(0, 5));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
                  "with --mimi-fp16 (or --fast): run the transformer linears and the short convolutions of codec "
@@ -658,23 +667,27 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy >= 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
+  if (attention_policy >= 0 && mf.device != "cuda") throw ppx::Error("--attention-policy needs --device cuda");
   if ((codec_hold || codec_gather_ms > 0) && (per_session_codec || (sessions == 0 && sweep.empty())))
     throw ppx::Error(std::string(codec_hold ? "--codec-hold" : "--codec-gather-ms") +
                      " needs --sessions or --sweep with the batched codec (not --per-session-codec)");
 #if defined(PPX_HAVE_CUDA)
   // Before the model loads (policy 3 keeps a bf16 copy of the int8 weights) and the LM batch
   // captures its graphs; policy 3's cuBLAS handle lives on the --device chosen.
-  if (gemm_policy >= 0) {
+  if (gemm_policy >= 0 || attention_policy >= 0) {
     if (const std::string why = ppx::cuda_device_problem(mf.cuda_device); !why.empty())
       throw ppx::Error("--device " + mf.device_flag + ": " + why);
     PPX_CUDA_CHECK(cudaSetDevice(mf.cuda_device));
   }
   if (gemm_policy >= 0) ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
+  if (attention_policy >= 0) ppx::kern::attention_set_policy(attention_policy);  // before the graphs are captured
+  g_attention_policy = attention_policy;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
   if ((mf.mimi_fp16 || mf.fast) && mf.device == "cuda") g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();  // as it applies
 #else
   if (gemm_policy >= 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
+  if (attention_policy >= 0) throw ppx::Error("--attention-policy needs a build with CUDA");
   if (mimi_blas_rows >= 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif
   if (!sweep.empty()) {

@@ -73,7 +73,7 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
     sk[first] = a > 0.f ? a / 448.f : 1.f;
     sv[first] = bm > 0.f ? bm / 448.f : 1.f;
     const int h = e / r.hd;
-    const int64_t srow = (static_cast<int64_t>(r.slot[b]) * r.C + pos % r.C) * r.H + h;
+    const int64_t srow = (static_cast<int64_t>(r.slot[b]) * r.H + h) * r.C + pos % r.C;  // [slots, H, C]
     r.k_scale[srow] = sk[first];
     r.v_scale[srow] = sv[first];
   }
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + dg * DL;
   const KT* kb = (kFp8 ? reinterpret_cast<const KT*>(r.k8) : reinterpret_cast<const KT*>(r.k)) + cache0;
   const KT* vb = (kFp8 ? reinterpret_cast<const KT*>(r.v8) : reinterpret_cast<const KT*>(r.v)) + cache0;
-  const int64_t s0 = static_cast<int64_t>(slot) * r.C * r.H + h;
+  const int64_t s0 = (static_cast<int64_t>(slot) * r.H + h) * r.C;
   const int chunks = live_chunks(qpos, r.C);
   for (int sp = part; sp < chunks; sp += parts) {
     const int k0 = sp * kSplit + warp * (kSplit / kAttnWarps) + grp;
@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
         kw[u].load(kb + static_cast<int64_t>(idx) * D);
         vw[u].load(vb + static_cast<int64_t>(idx) * D);
         if constexpr (kFp8) {
-          ksc[u] = r.k_scale[s0 + static_cast<int64_t>(idx) * r.H];
-          vsc[u] = r.v_scale[s0 + static_cast<int64_t>(idx) * r.H];
+          ksc[u] = r.k_scale[s0 + idx];
+          vsc[u] = r.v_scale[s0 + idx];
         }
       } else {
         kw[u].zero();
@@ -443,7 +443,27 @@ template <int S>
 constexpr size_t fp8_attention_smem() {
   return static_cast<size_t>(S) * kAttnWarps * kFp8StageBytes;
 }
-template <int S>
+// ring_visible with E % C given (Em): no division per call.
+__device__ __forceinline__ bool ring_visible_em(int idx, int E, int Em, int C, int q, int context) {
+  if (idx >= E) return false;
+  const int delta = idx - Em;
+  const int label = delta <= 0 ? E + delta : E + delta - C;
+  return label >= 0 && q - label >= 0 && (context <= 0 || q - label < context);
+}
+
+// ex2.approx.ftz: 2^x, subnormal results flushed to zero (a weight below 2^-126 adds nothing here).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// LEAN (policy 4, benchmarks only until measured): fewer instructions a chunk. The p . v
+// accumulators keep all four registers of C (columns 1..7 stay zero) instead of two rebuilt per
+// MMA; they and l are rescaled only when the running maximum grows (uniform over the warp); 2^x
+// is ex2.approx.ftz; the copies take 32-bit offsets from the chunk's first key; q . k runs as two
+// chains (dims 0..63 and 64..127) summed at the end.
+template <int S, bool LEAN = false>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(const __nv_bfloat16* q, RingArgs r,
                                                                              int parts, float* work) {
   pdl_trigger();
@@ -497,22 +517,41 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   float o[KS][2];
 #pragma unroll
   for (int i = 0; i < KS; ++i) o[i][0] = o[i][1] = 0.f;
+  float o4[KS][4];  // LEAN: the whole C of tile i ([1] and [3] stay zero)
+#pragma unroll
+  for (int i = 0; i < KS; ++i) o4[i][0] = o4[i][1] = o4[i][2] = o4[i][3] = 0.f;
   const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * HD;
   const uint8_t* kb = reinterpret_cast<const uint8_t*>(r.k8) + cache0;
   const uint8_t* vb = reinterpret_cast<const uint8_t*>(r.v8) + cache0;
-  const float* ksb = r.k_scale + static_cast<int64_t>(slot) * r.C * r.H + h;
-  const float* vsb = r.v_scale + static_cast<int64_t>(slot) * r.C * r.H + h;
+  // A head's scales are contiguous over the positions: a warp's 16 keys take 64 bytes of each.
+  const float* ksb = r.k_scale + (static_cast<int64_t>(slot) * r.H + h) * r.C;
+  const float* vsb = r.v_scale + (static_cast<int64_t>(slot) * r.H + h) * r.C;
   const int chunks = live_chunks(qpos, r.C);
   const int mine = part < chunks ? (chunks - part + parts - 1) / parts : 0;  // this block's chunks
   unsigned char* ring = fp8_smem + static_cast<size_t>(warp) * S * kFp8StageBytes;
   // Chunk n of this block (ring stage n % S): keys part + n parts's 16 of this warp.
-  auto issue = [&](int n) {
+  const int Em = E % r.C;  // LEAN: ring_visible's E % C, once
+  auto issue = [&](int n, int stage) {
     if (n < mine) {
-      unsigned char* st = ring + (n % S) * kFp8StageBytes;
+      unsigned char* st = ring + stage * kFp8StageBytes;
       const int base = (part + n * parts) * kSplit + warp * 16;
       const int my = base + (lane & 15);
-      const unsigned vis =
-          __ballot_sync(0xffffffffu, my < r.C && ring_visible(my, E, r.C, qpos, r.context)) & 0xffffu;
+      const bool seen = LEAN ? ring_visible_em(my, E, Em, r.C, qpos, r.context)
+                             : ring_visible(my, E, r.C, qpos, r.context);
+      const unsigned vis = __ballot_sync(0xffffffffu, my < r.C && seen) & 0xffffu;
+      if constexpr (LEAN) {
+        // The chunk's first key once in 64 bits; the rows as 32-bit offsets from it.
+        const uint8_t* kc = kb + static_cast<int64_t>(base) * D;
+        const uint8_t* vc = vb + static_cast<int64_t>(base) * D;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int pc = lane + 32 * i, row = pc >> 3, col = pc & 7;
+          const bool ok = (vis >> row) & 1u;
+          const uint32_t off = ok ? static_cast<uint32_t>(row * D + col * 16) : 0u;
+          cp_async16(st + row * HD + ((col ^ (4 * (row & 1))) * 16), kc + off, ok);
+          cp_async16(st + 16 * HD + row * HD + ((col ^ (row & 6)) * 16), vc + off, ok);
+        }
+      } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // 128 pieces of 16 bytes per tensor: key p / 8, piece p % 8
         const int pc = lane + 32 * i, row = pc >> 3, col = pc & 7;
@@ -521,9 +560,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
         cp_async16(st + row * HD + ((col ^ (4 * (row & 1))) * 16), kb + src, ok);
         cp_async16(st + 16 * HD + row * HD + ((col ^ (row & 6)) * 16), vb + src, ok);
       }
+      }
       const int row = lane & 15;
       const bool ok = (vis >> row) & 1u;
-      const int64_t si = static_cast<int64_t>(ok ? base + row : 0) * r.H;
+      const int64_t si = ok ? base + row : 0;
       float* sc = reinterpret_cast<float*>(st + 32 * HD);
       cp_async4(sc + (lane >> 4) * 16 + row, (lane < 16 ? ksb : vsb) + si, ok);
       if (lane == 0) *reinterpret_cast<unsigned*>(st + 32 * HD + 128) = vis;
@@ -531,16 +571,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
 #pragma unroll
-  for (int n = 0; n < S - 1; ++n) issue(n);
+  for (int n = 0; n < S - 1; ++n) issue(n, n);
+  int cs = 0;  // LEAN: the stage of chunk n (n % S), kept as a counter
   for (int n = 0; n < mine; ++n) {
-    issue(n + S - 1);
+    if constexpr (LEAN) {
+      issue(n + S - 1, cs == 0 ? S - 1 : cs - 1);  // the stage chunk n - 1 used
+    } else {
+      issue(n + S - 1, (n + S - 1) % S);
+    }
     cp_async_wait<S - 1>();
     __syncwarp();
-    const unsigned char* st = ring + (n % S) * kFp8StageBytes;
+    const unsigned char* st = ring + (LEAN ? cs : n % S) * kFp8StageBytes;
+    if constexpr (LEAN) cs = cs == S - 1 ? 0 : cs + 1;
     const float* ksc = reinterpret_cast<const float*>(st + 32 * HD);
     const float* vsc = ksc + 16;
     const unsigned vis = *reinterpret_cast<const unsigned*>(st + 32 * HD + 128);
     float c[4] = {0.f, 0.f, 0.f, 0.f};
+    float c2[4] = {0.f, 0.f, 0.f, 0.f};  // LEAN: dims 64..127's chain
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // dims 0..63, then 64..127
       const int pc = 4 * half + t;
@@ -552,8 +599,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
         const int j = 4 * half + jj;
         const uint32_t a[4] = {e4m3x2_to_half2(w0[jj]), e4m3x2_to_half2(w1[jj]), e4m3x2_to_half2(w0[jj] >> 16),
                                e4m3x2_to_half2(w1[jj] >> 16)};
-        mma_m16n8k16(c, a, bq[j][0], bq[j][1], __half{});
+        mma_m16n8k16(LEAN && half == 1 ? c2 : c, a, bq[j][0], bq[j][1], __half{});
       }
+    }
+    if constexpr (LEAN) {
+      c[0] += c2[0];
+      c[2] += c2[2];
     }
     // Column 0 of C (lane 4g) holds the scores of keys g and g + 8.
     const bool kok[2] = {((vis >> g) & 1u) != 0, ((vis >> (g + 8)) & 1u) != 0};
@@ -570,10 +621,28 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
     const float mn = fmaxf(m, cm);
     if (mn != -INFINITY) {  // else nothing visible yet (uniform over the warp)
-      const float corr = exp2f(m - mn);
-      m = mn;
-      l = l * corr + exp2f(s[0] - mn) + exp2f(s[1] - mn);
-      const float w0 = exp2f(bs[0] - mn), w1 = exp2f(bs[1] - mn);
+      float corr = 1.f, w0, w1;
+      if constexpr (LEAN) {
+        if (mn > m) {  // uniform over the warp: the maximum grew, rescale what was summed
+          corr = fast_exp2(m - mn);
+          l *= corr;
+#pragma unroll
+          for (int i = 0; i < KS; ++i) {
+            o4[i][0] *= corr;
+            o4[i][2] *= corr;
+          }
+          m = mn;
+        }
+        l += fast_exp2(s[0] - mn) + fast_exp2(s[1] - mn);
+        w0 = fast_exp2(bs[0] - mn);
+        w1 = fast_exp2(bs[1] - mn);
+      } else {
+        corr = exp2f(m - mn);
+        m = mn;
+        l = l * corr + exp2f(s[0] - mn) + exp2f(s[1] - mn);
+        w0 = exp2f(bs[0] - mn);
+        w1 = exp2f(bs[1] - mn);
+      }
       // Column 0 of B (lanes g == 0): the weights of keys 2t, 2t + 1 and 2t + 8, 2t + 9.
       const float x0 = __shfl_sync(0xffffffffu, w0, 8 * t), x1 = __shfl_sync(0xffffffffu, w0, 8 * t + 4);
       const float x2 = __shfl_sync(0xffffffffu, w1, 8 * t), x3 = __shfl_sync(0xffffffffu, w1, 8 * t + 4);
@@ -595,10 +664,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
         const uint32_t p89 = __byte_perm(a8[i / 2], a9[i / 2], sel);
         const uint32_t a[4] = {e4m3x2_to_half2(p01), e4m3x2_to_half2(p01 >> 16), e4m3x2_to_half2(p89),
                                e4m3x2_to_half2(p89 >> 16)};
-        float cc[4] = {o[i][0] * corr, 0.f, o[i][1] * corr, 0.f};
-        mma_m16n8k16(cc, a, pb0, pb1, __half{});
-        o[i][0] = cc[0];
-        o[i][1] = cc[2];
+        if constexpr (LEAN) {
+          mma_m16n8k16(o4[i], a, pb0, pb1, __half{});
+        } else {
+          float cc[4] = {o[i][0] * corr, 0.f, o[i][1] * corr, 0.f};
+          mma_m16n8k16(cc, a, pb0, pb1, __half{});
+          o[i][0] = cc[0];
+          o[i][1] = cc[2];
+        }
       }
     }
     __syncwarp();  // every lane is done with this stage before the next issue overwrites it
@@ -617,8 +690,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   if (t == 0) {
 #pragma unroll
     for (int i = 0; i < KS; ++i) {
-      sacc[warp][16 * g + 2 * i] = o[i][0];
-      sacc[warp][16 * g + 2 * i + 1] = o[i][1];
+      sacc[warp][16 * g + 2 * i] = LEAN ? o4[i][0] : o[i][0];
+      sacc[warp][16 * g + 2 * i + 1] = LEAN ? o4[i][2] : o[i][1];
     }
   }
   __syncthreads();
@@ -720,7 +793,7 @@ constexpr int kFp8Stages = 3;  // policy 3 (benchmarks only): 4
 // Blocks of the fp8 tensor-core kernel with S stages that the current device holds at once, its
 // dynamic shared memory allowed first (once per device); 0 when it does not fit the device (the
 // launch then refuses, see fp8_blocks_or_throw) or no device is current.
-template <int S>
+template <int S, bool LEAN = false>
 int fp8_resident_blocks() {
   static std::mutex mu;
   static std::map<int, int> by_device;
@@ -730,10 +803,10 @@ int fp8_resident_blocks() {
   auto it = by_device.find(dev);
   if (it != by_device.end()) return it->second;
   int sms = 0, per = 0;
-  if (cudaFuncSetAttribute(attention_fp8_mma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(attention_fp8_mma_kernel<S, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(fp8_attention_smem<S>())) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_fp8_mma_kernel<S>, kAttnWarps * 32,
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_fp8_mma_kernel<S, LEAN>, kAttnWarps * 32,
                                                     fp8_attention_smem<S>()) != cudaSuccess ||
       per < 1) {
     (void)cudaGetLastError();  // the failed query is not a later kernel's error
@@ -741,9 +814,9 @@ int fp8_resident_blocks() {
   }
   return by_device[dev] = per * sms;
 }
-template <int S>
+template <int S, bool LEAN = false>
 int fp8_blocks_or_throw() {
-  const int cap = fp8_resident_blocks<S>();
+  const int cap = fp8_resident_blocks<S, LEAN>();
   if (cap <= 0)
     throw std::runtime_error("attention: the fp8 cache's kernel (" + std::to_string(fp8_attention_smem<S>()) +
                              " bytes of shared memory a block) does not fit this device");
@@ -753,7 +826,13 @@ int fp8_blocks_or_throw() {
 bool fp8_tensor_core(const RingArgs& r) { return r.k8 != nullptr && r.hd == kFp8Hd && g_attention_policy != 2; }
 }  // namespace
 
-void attention_set_policy(int policy) { g_attention_policy = policy; }
+void attention_set_policy(int policy) {
+  g_attention_policy = policy;
+  // The variants' shared memory is allowed here, on the current device, before a graph captures them.
+  if (policy == 3) (void)fp8_resident_blocks<4>();
+  if (policy == 4) (void)fp8_resident_blocks<kFp8Stages, true>();
+  if (policy == 5) (void)fp8_resident_blocks<4, true>();
+}
 
 void attention_init() { (void)fp8_resident_blocks<kFp8Stages>(); }
 
@@ -761,7 +840,11 @@ int attention_parts(int B, int H, int C, bool fp8) {
   const int splits = (C + kSplit - 1) / kSplit;
   // The fp8 kernel's shared memory is allowed once per device here, for every batch (outside stream
   // capture when CudaLm readied it first, see attention_init); a device it does not fit is refused.
-  const int cap = !fp8 ? 0 : g_attention_policy == 3 ? fp8_blocks_or_throw<4>() : fp8_blocks_or_throw<kFp8Stages>();
+  const int cap = !fp8                     ? 0
+                  : g_attention_policy == 3 ? fp8_blocks_or_throw<4>()
+                  : g_attention_policy == 4 ? fp8_blocks_or_throw<kFp8Stages, true>()
+                  : g_attention_policy == 5 ? fp8_blocks_or_throw<4, true>()
+                                            : fp8_blocks_or_throw<kFp8Stages>();
   // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
   // block per chunk.
   if (B <= 4 || g_attention_policy == 1) return splits;
@@ -802,6 +885,12 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
       if (g_attention_policy == 3)
         pdl_launch(attention_fp8_mma_kernel<4>, dim3(r.H, parts, B), dim3(kAttnWarps * 32), fp8_attention_smem<4>(),
                    s, q, r, parts, work);
+      else if (g_attention_policy == 4)
+        pdl_launch(attention_fp8_mma_kernel<kFp8Stages, true>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
+                   fp8_attention_smem<kFp8Stages>(), s, q, r, parts, work);
+      else if (g_attention_policy == 5)
+        pdl_launch(attention_fp8_mma_kernel<4, true>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
+                   fp8_attention_smem<4>(), s, q, r, parts, work);
       else
         pdl_launch(attention_fp8_mma_kernel<kFp8Stages>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
                    fp8_attention_smem<kFp8Stages>(), s, q, r, parts, work);

@@ -22,8 +22,9 @@ struct RingArgs {
   int C = 0, H = 0, hd = 0, context = 0;  // context 0 = unlimited
   // fp8 cache (--kv-fp8; the temporal transformer only): when k8 is set, keys and values live in
   // k8 / v8 [slots, C, H * hd] as e4m3 with one fp32 scale per (slot, position, head) in
-  // k_scale / v_scale [slots, C, H] (scale = max |row of the head| / 448, 1 for zeros), and k / v
-  // are unused. Needs hd / 2 to divide 256 (hd 32, 64 or 128).
+  // k_scale / v_scale [slots, H, C] (scale = max |row of the head| / 448, 1 for zeros; a head's
+  // scales are contiguous over the positions, so a warp's keys take one or two sectors of them), and
+  // k / v are unused. Needs hd / 2 to divide 256 (hd 32, 64 or 128).
   __nv_fp8_e4m3* k8 = nullptr;
   __nv_fp8_e4m3* v8 = nullptr;
   float* k_scale = nullptr;
@@ -46,7 +47,7 @@ size_t attention_work_floats(int B, int H, int hd, int C);
 // Blocks per (head, row) of ring_attention at batch B. Policies (benchmarks only): 1 keeps a block
 // per chunk of the ring at every batch (the grid before v0.15); 2 runs the fp8 cache through the
 // scalar kernel (before v0.18) instead of the tensor-core one; 3 gives the tensor-core kernel 4
-// stages instead of 3. fp8: the fp8 cache's tensor-core kernel (hd 128), whose parts follow its resident blocks;
+// stages instead of 3; 4 and 5 run its lean variant (fewer instructions a chunk) with 3 and 4 stages. fp8: the fp8 cache's tensor-core kernel (hd 128), whose parts follow its resident blocks;
 // it is readied on the current device first (throws where it does not fit).
 int attention_parts(int B, int H, int C, bool fp8 = false);
 // Readies the fp8 tensor-core kernel on the current device (its shared memory size; the resident

@@ -12,6 +12,8 @@
 #   TIME_BUDGET_S [500]       a step that would start past this many seconds is skipped
 #   NCU_SHAPES ["temporal qkv;depformer qkv"]  ';'-separated; "" skips the profiles
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
+#   NCU_KERNEL [gemm_kernel]  regex of the profiled kernel's name (wg_kernel: policies 4-6 from 40 rows);
+#   NCU_SKIP [310]            launches of it skipped first (310 passes the bf16 GEMMs of gemm_kernel)
 #   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
 #                             [0]: steps that fill the contexts first, 2999 for issue #14's full-context step)
 #   MIMI_BLAS_ROWS [""]       values of personaplex-bench-mimi --mimi-blas-rows (4: as shipped, 0: v0.20's codec),
@@ -20,7 +22,9 @@
 #                             decode at ROWS rows (ncu summary by kernel name); "" skips
 # (personaplex-bench-mimi must be in the pack for the last two.)
 #   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
-#                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel)
+#                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel); NCU_ATTN_SKIP ["96"]:
+#                             launches of that kernel skipped first, one profile per value (96: policy 0's
+#                             first launch, 192: policy 4's); each also writes the SASS with counts (csv)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
@@ -56,7 +60,7 @@ for sh in "${ncu_shapes[@]}"; do
   i=$((i + 1))
   late && { note "ncu policy $pol '$sh' skipped (time budget)"; continue; }
   # The bf16 kernels run first (50 launches x 6 graph replays), then the int8 ones: skip past them.
-  timeout 240 ncu --clock-control none --kernel-name regex:gemm_kernel --launch-skip 310 --launch-count 1 \
+  timeout 240 ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemm_kernel}" --launch-skip "${NCU_SKIP:-310}" --launch-count 1 \
     --set full -o "$raw/ncu_$i" "$B/personaplex-bench-kernels" --only gemm --gemm-policy "$pol" \
     --gemm-batches "${NCU_B:-64}" --gemm-shapes "$sh" >"$raw/ncu_$i.log" 2>&1
   note "ncu policy $pol '$sh' rc=$?"
@@ -89,21 +93,23 @@ for spec in ${NCU_MIMI:-}; do
     sed "s/^/  [mimi $rows blas $br] /" >>"$summary"
 done
 if [ "${NCU_ATTN:-0}" = 1 ]; then
-  if late; then
-    note "ncu attention skipped (time budget)"
-  else
-    # Policy 3 (4 stages) runs first: 16 launches x (1 warm-up + 5 timed replays); then policy 0's.
-    timeout 240 ncu --clock-control none --kernel-name regex:attention_fp8_mma --launch-skip 96 --launch-count 1 \
-      --set full -o "$raw/ncu_attn" "$B/personaplex-bench-kernels" --only attention-batch --attention-batches 64 \
-      --attention-keys 3000 >"$raw/ncu_attn.log" 2>&1
-    note "ncu attention rc=$?"
-    ncu --import "$raw/ncu_attn.ncu-rep" --page details >"$raw/ncu_attn.txt" 2>&1
-    ncu --import "$raw/ncu_attn.ncu-rep" --page raw >"$raw/ncu_attn_raw.txt" 2>&1
-    grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" "$raw/ncu_attn_raw.txt" |
-      sort -k3 -g -r | head -6 | sed "s/^/  [attn stall] /" >>"$summary"
-    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|L2 Hit|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued" \
-      "$raw/ncu_attn.txt" | head -30 | sed "s/^/  [attn] /" >>"$summary"
-  fi
+  # Policies run in the order 2 (scalar), 3 (4 stages), 0 (shipped), 4 and 5 (the lean variant), each
+  # 16 launches x (1 warm-up + 5 timed replays) of the fp8 cache: 96 skips policy 3's, 192 policy 0's too.
+  for skip in ${NCU_ATTN_SKIP:-96}; do
+    late && { note "ncu attention (skip $skip) skipped (time budget)"; continue; }
+    timeout 240 ncu --clock-control none --kernel-name regex:attention_fp8_mma --launch-skip "$skip" --launch-count 1 \
+      --set full -o "$raw/ncu_attn_$skip" "$B/personaplex-bench-kernels" --only attention-batch --attention-batches 64 \
+      --attention-keys 3000 >"$raw/ncu_attn_$skip.log" 2>&1
+    note "ncu attention (skip $skip) rc=$?"
+    ncu --import "$raw/ncu_attn_$skip.ncu-rep" --page details >"$raw/ncu_attn_$skip.txt" 2>&1
+    ncu --import "$raw/ncu_attn_$skip.ncu-rep" --page raw >"$raw/ncu_attn_${skip}_raw.txt" 2>&1
+    # Per-instruction executed counts and stall samples (SASS), for placing the kernel's instructions.
+    ncu --import "$raw/ncu_attn_$skip.ncu-rep" --page source --print-source sass --csv >"$raw/ncu_attn_${skip}_sass.csv" 2>&1
+    grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" "$raw/ncu_attn_${skip}_raw.txt" |
+      sort -k3 -g -r | head -6 | sed "s/^/  [attn $skip stall] /" >>"$summary"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|L2 Hit|L1/TEX Hit|Bank Conflicts|Warp Cycles Per Issued|Block Limit|Waves Per SM" \
+      "$raw/ncu_attn_$skip.txt" | head -34 | sed "s/^/  [attn $skip] /" >>"$summary"
+  done
 fi
 frames=${FRAMES:-30}
 warmup=5

@@ -371,7 +371,7 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
       for (int which = 0; which < 2; ++which) {
         const std::vector<__nv_bfloat16>& ref = which ? hv : hk;
         const std::vector<uint8_t>& q8h = which ? hv8 : hk8;
-        const float sc = (which ? hvs : hks)[static_cast<size_t>(t) * H + h];
+        const float sc = (which ? hvs : hks)[static_cast<size_t>(h) * C + t];  // [slots, H, C]
         float mx = 0.f;
         for (int j = 0; j < hd; ++j) mx = std::max(mx, std::fabs(__bfloat162float(ref[static_cast<size_t>(t) * D + h * hd + j])));
         ASSERT_FLOAT_EQ(sc, mx > 0.f ? mx / 448.f : 1.f) << "position " << t << " head " << h;
@@ -531,8 +531,8 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
     for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
     slot.upload(slots.data(), Bmax);
     // Policy 0: the tensor-core kernel for hd 128 (the scalar one for 64); 2: the scalar kernel;
-    // 3: the tensor-core kernel with 4 stages.
-    for (const int policy : {0, 2, 3}) {
+    // 3: the tensor-core kernel with 4 stages; 4 and 5: its lean variant with 3 and 4 stages.
+    for (const int policy : {0, 2, 3, 4, 5}) {
       kern::attention_set_policy(policy);
       if (hd == 128 && policy != 2) {
         ASSERT_LT(kern::attention_parts(Bmax, H, C, true), (C + 63) / 64) << "64 rows must stream several chunks";
@@ -561,7 +561,7 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
                 const int s = slots[b], qp = per_row ? rp[b] : positions[s];
                 for (int h = 0; h < H; ++h) {
                   const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
-                  const size_t sc0 = static_cast<size_t>(s) * C * H + h;
+                  const size_t sc0 = (static_cast<size_t>(s) * H + h) * C;  // scales [slots, H, C]
                   const std::vector<double> ref = ring_attention_reference(
                       C, hd, qp, context,
                       [&](int j) {
@@ -569,11 +569,11 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
                       },
                       [&](int idx, int j) {
                         const size_t i = static_cast<size_t>(idx);
-                        return fp8v(hk[row0 + i * D + j]) * hks[sc0 + i * H];
+                        return fp8v(hk[row0 + i * D + j]) * hks[sc0 + i];
                       },
                       [&](int idx, int j) {
                         const size_t i = static_cast<size_t>(idx);
-                        return fp8v(hv[row0 + i * D + j]) * hvs[sc0 + i * H];
+                        return fp8v(hv[row0 + i * D + j]) * hvs[sc0 + i];
                       });
                   double num = 0, den = 0;
                   for (int j = 0; j < hd; ++j) {

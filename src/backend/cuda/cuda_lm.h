@@ -270,7 +270,7 @@ class CudaLmStepper : public LmStepper {
   // Per-session device state, batch B = 1 in slot 0.
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;  // k/v_cache_ empty with kv_fp8
   DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D]
-  DeviceBuffer<float> k_scale_, v_scale_;                                  // with kv_fp8: [layers, C, heads]
+  DeviceBuffer<float> k_scale_, v_scale_;                                  // with kv_fp8: [layers, heads, C]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
   // req_ = tokens [K] | force [1 + S] | target [K] | use_ext [1]  (the uploaded request)

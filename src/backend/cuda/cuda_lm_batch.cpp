@@ -196,12 +196,24 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
       PPX_CUDA_CHECK(cudaMemcpyAsync(to_store ? dst : layer, to_store ? layer : dst, width, cudaMemcpyDeviceToDevice, stream_));
     }
   };
-  const size_t D = static_cast<size_t>(c.dim), H = static_cast<size_t>(c.num_heads);
+  // The fp8 cache's scales [layer][slot][head][context]: per layer, H rows of P floats (pitch C).
+  auto scales = [&](float* base) {
+    const size_t H = static_cast<size_t>(c.num_heads), C = static_cast<size_t>(c.context);
+    const size_t width = P * sizeof(float), pitch = C * sizeof(float);
+    for (size_t l = 0; l < L; ++l, dst += H * width) {
+      uint8_t* layer = reinterpret_cast<uint8_t*>(base + (l * all + static_cast<size_t>(slot)) * H * C);
+      if (to_store)
+        PPX_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, layer, pitch, width, H, cudaMemcpyDeviceToDevice, stream_));
+      else
+        PPX_CUDA_CHECK(cudaMemcpy2DAsync(layer, pitch, dst, width, width, H, cudaMemcpyDeviceToDevice, stream_));
+    }
+  };
+  const size_t D = static_cast<size_t>(c.dim);
   if (lm_.kv_fp8()) {
     tensor(k8_cache_.get(), D, 1);
     tensor(v8_cache_.get(), D, 1);
-    tensor(k_scale_.get(), H, sizeof(float));
-    tensor(v_scale_.get(), H, sizeof(float));
+    scales(k_scale_.get());
+    scales(v_scale_.get());
   } else {
     tensor(k_cache_.get(), D, sizeof(bf16));
     tensor(v_cache_.get(), D, sizeof(bf16));
