@@ -645,8 +645,8 @@ int bench(int argc, char** argv) {
   int attention_policy = -1;
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "
-                 "attention-batch; default: as shipped, 0; 2 the fp8 cache on the scalar kernel, 3 the fp8 "
-                 "tensor-core kernel with 4 stages, 4 and 5 its lean variant with 3 and 4 stages); CUDA builds only")
+                 "attention-batch; default: as shipped, 0; 2 the fp8 cache on the scalar kernel, 3 and 5 the fp8 "
+                 "tensor-core kernel with 3 and 4 stages always, 4 v0.18's tensor-core kernel); CUDA builds only")
       ->check(CLI::Range(0, 5));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,

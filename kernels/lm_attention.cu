@@ -451,6 +451,13 @@ __device__ __forceinline__ bool ring_visible_em(int idx, int E, int Em, int C, i
   return label >= 0 && q - label >= 0 && (context <= 0 || q - label < context);
 }
 
+// lg2.approx.ftz: log2 x (a subnormal x counts as 0: -inf, which the caller clamps).
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ex2.approx.ftz: 2^x, subnormal results flushed to zero (a weight below 2^-126 adds nothing here).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -458,10 +465,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// LEAN (policy 4, benchmarks only until measured): fewer instructions a chunk. The p . v
+// LEAN (shipped; v0.18's kernel without it stays as attention policy 4): fewer instructions a chunk. The p . v
 // accumulators keep all four registers of C (columns 1..7 stay zero) instead of two rebuilt per
 // MMA; they and l are rescaled only when the running maximum grows (uniform over the warp); 2^x
-// is ex2.approx.ftz; the copies take 32-bit offsets from the chunk's first key; q . k runs as two
+// is ex2.approx.ftz and log2 lg2.approx.ftz; E % C and the stage index are not recomputed per
+// chunk; the copies take 32-bit offsets from the chunk's first key; q . k runs as two
 // chains (dims 0..63 and 64..127) summed at the end.
 template <int S, bool LEAN = false>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(const __nv_bfloat16* q, RingArgs r,
@@ -613,7 +621,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       s[u] = kok[u] ? s[u] * ksc[g + 8 * u] * qmul : -INFINITY;
-      bs[u] = kok[u] ? s[u] + fmaxf(__log2f(vsc[g + 8 * u]), -100.f) : -INFINITY;
+      const float lv = LEAN ? fast_log2(vsc[g + 8 * u]) : __log2f(vsc[g + 8 * u]);
+      bs[u] = kok[u] ? s[u] + fmaxf(lv, -100.f) : -INFINITY;
     }
     float cm = fmaxf(bs[0], bs[1]);
     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
@@ -788,7 +797,7 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
 namespace {
 int g_attention_policy = 0;
 
-constexpr int kFp8Stages = 3;  // policy 3 (benchmarks only): 4
+constexpr int kFp8Stages = 3;  // and 4 for long streams (fp8_plan)
 
 // Blocks of the fp8 tensor-core kernel with S stages that the current device holds at once, its
 // dynamic shared memory allowed first (once per device); 0 when it does not fit the device (the
@@ -828,38 +837,25 @@ bool fp8_tensor_core(const RingArgs& r) { return r.k8 != nullptr && r.hd == kFp8
 
 void attention_set_policy(int policy) {
   g_attention_policy = policy;
-  // The variants' shared memory is allowed here, on the current device, before a graph captures them.
-  if (policy == 3) (void)fp8_resident_blocks<4>();
-  if (policy == 4) (void)fp8_resident_blocks<kFp8Stages, true>();
-  if (policy == 5) (void)fp8_resident_blocks<4, true>();
+  // v0.18's kernel's shared memory is allowed here, on the current device, before a graph captures it.
+  if (policy == 4) (void)fp8_resident_blocks<kFp8Stages>();
 }
 
-void attention_init() { (void)fp8_resident_blocks<kFp8Stages>(); }
+void attention_init() {
+  (void)fp8_resident_blocks<kFp8Stages, true>();
+  (void)fp8_resident_blocks<4, true>();
+}
 
-int attention_parts(int B, int H, int C, bool fp8) {
-  const int splits = (C + kSplit - 1) / kSplit;
-  // The fp8 kernel's shared memory is allowed once per device here, for every batch (outside stream
-  // capture when CudaLm readied it first, see attention_init); a device it does not fit is refused.
-  const int cap = !fp8                     ? 0
-                  : g_attention_policy == 3 ? fp8_blocks_or_throw<4>()
-                  : g_attention_policy == 4 ? fp8_blocks_or_throw<kFp8Stages, true>()
-                  : g_attention_policy == 5 ? fp8_blocks_or_throw<4, true>()
-                                            : fp8_blocks_or_throw<kFp8Stages>();
-  // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
-  // block per chunk.
-  if (B <= 4 || g_attention_policy == 1) return splits;
-  if (!fp8) {  // about 2048 blocks of 4 warps
-    constexpr int kTargetBlocks = 2048;
-    return std::max(1, std::min(splits, (kTargetBlocks + H * B - 1) / (H * B)));
-  }
-  // The fp8 kernel's blocks each stream their chunks: the step takes about (waves of resident
-  // blocks) x (chunks per block + a block's fixed cost: filling its pipeline, q, the merge; about
-  // 3 chunks' time). The fewest parts that minimise that.
+namespace {
+// The fewest parts that minimise the fp8 kernel's estimated time with `cap` resident blocks: its
+// blocks each stream their chunks, so the step takes about (waves of resident blocks) x (chunks
+// per block + a block's fixed cost: filling its pipeline, q, the merge; about 3 chunks' time).
+int fp8_parts(int splits, int64_t rows_heads, int cap) {
   constexpr int kBlockCostChunks = 3;
   int best = 1;
   int64_t best_cost = -1;
   for (int p = 1; p <= splits; ++p) {
-    const int64_t blocks = static_cast<int64_t>(H) * B * p;
+    const int64_t blocks = rows_heads * p;
     const int64_t cost = ((blocks + cap - 1) / cap) * ((splits + p - 1) / p + kBlockCostChunks);
     if (best_cost < 0 || cost < best_cost) {
       best = p;
@@ -867,6 +863,48 @@ int attention_parts(int B, int H, int C, bool fp8) {
     }
   }
   return best;
+}
+
+// The fp8 tensor-core kernel a launch takes (its stages, its parts). Shipped (policy 0): the lean
+// kernel with 3 stages, or 4 where each block then streams at least kDeepChunks chunks (more bytes
+// in flight a warp pay off over a long stream; over a short one the fewer resident blocks of 4
+// stages cost a wave: PERF.md v0.27). Policies (benchmarks and tests): 3 and 5, the lean kernel with
+// 3 and 4 stages always; 4, v0.18's kernel (3 stages).
+struct Fp8Plan {
+  int stages;
+  bool lean;
+  int parts;
+};
+Fp8Plan fp8_plan(int B, int H, int C) {
+  constexpr int kDeepChunks = 16;
+  const int splits = (C + kSplit - 1) / kSplit;
+  const int64_t rh = static_cast<int64_t>(H) * B;
+  // The shared memory of each kernel is allowed once per device in fp8_blocks_or_throw (outside
+  // stream capture when CudaLm readied them first, see attention_init); a device it does not fit is
+  // refused.
+  if (g_attention_policy == 4) {
+    const int cap = fp8_blocks_or_throw<kFp8Stages>();
+    return {kFp8Stages, false, B <= 4 ? splits : fp8_parts(splits, rh, cap)};
+  }
+  const int cap3 = fp8_blocks_or_throw<kFp8Stages, true>();
+  const int cap4 = g_attention_policy == 3 ? 0 : fp8_blocks_or_throw<4, true>();
+  // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
+  // block per chunk.
+  if (B <= 4 || g_attention_policy == 1) return {kFp8Stages, true, splits};
+  const int p3 = fp8_parts(splits, rh, cap3);
+  if (g_attention_policy == 5) return {4, true, fp8_parts(splits, rh, cap4)};
+  if (g_attention_policy == 3 || (splits + p3 - 1) / p3 < kDeepChunks) return {kFp8Stages, true, p3};
+  return {4, true, fp8_parts(splits, rh, cap4)};
+}
+}  // namespace
+
+int attention_parts(int B, int H, int C, bool fp8) {
+  const int splits = (C + kSplit - 1) / kSplit;
+  if (fp8) return fp8_plan(B, H, C).parts;
+  // Up to 4 rows or with policy 1: a block per chunk; else about 2048 blocks of 4 warps.
+  if (B <= 4 || g_attention_policy == 1) return splits;
+  constexpr int kTargetBlocks = 2048;
+  return std::max(1, std::min(splits, (kTargetBlocks + H * B - 1) / (H * B)));
 }
 
 size_t attention_work_floats(int B, int H, int hd, int C) {
@@ -878,22 +916,20 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
   const bool tc = fp8_tensor_core(r);
-  const int parts = attention_parts(B, r.H, r.C, tc);  // readies the fp8 kernel on this device
+  const Fp8Plan plan = tc ? fp8_plan(B, r.H, r.C) : Fp8Plan{0, false, attention_parts(B, r.H, r.C, false)};
+  const int parts = plan.parts;
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;
     if (tc) {
-      if (g_attention_policy == 3)
-        pdl_launch(attention_fp8_mma_kernel<4>, dim3(r.H, parts, B), dim3(kAttnWarps * 32), fp8_attention_smem<4>(),
-                   s, q, r, parts, work);
-      else if (g_attention_policy == 4)
-        pdl_launch(attention_fp8_mma_kernel<kFp8Stages, true>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
-                   fp8_attention_smem<kFp8Stages>(), s, q, r, parts, work);
-      else if (g_attention_policy == 5)
-        pdl_launch(attention_fp8_mma_kernel<4, true>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
-                   fp8_attention_smem<4>(), s, q, r, parts, work);
+      const dim3 grid(r.H, parts, B), block(kAttnWarps * 32);
+      if (!plan.lean)
+        pdl_launch(attention_fp8_mma_kernel<kFp8Stages>, grid, block, fp8_attention_smem<kFp8Stages>(), s, q, r, parts,
+                   work);
+      else if (plan.stages == 4)
+        pdl_launch(attention_fp8_mma_kernel<4, true>, grid, block, fp8_attention_smem<4>(), s, q, r, parts, work);
       else
-        pdl_launch(attention_fp8_mma_kernel<kFp8Stages>, dim3(r.H, parts, B), dim3(kAttnWarps * 32),
-                   fp8_attention_smem<kFp8Stages>(), s, q, r, parts, work);
+        pdl_launch(attention_fp8_mma_kernel<kFp8Stages, true>, grid, block, fp8_attention_smem<kFp8Stages>(), s, q, r,
+                   parts, work);
     } else if (r.k8) {
       pdl_launch(attention_split_kernel<DL, __nv_fp8_e4m3>, dim3(r.H, parts, B), dim3(kAttnWarps * 32), 0, s, q, r,
                  parts, work);

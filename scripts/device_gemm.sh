@@ -24,7 +24,8 @@
 #   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
 #                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel); NCU_ATTN_SKIP ["96"]:
 #                             launches of that kernel skipped first, one profile per value (96: policy 0's
-#                             first launch, 192: policy 4's); each also writes the SASS with counts (csv)
+#                             first launch, 192: policy 4's, 288: policy 5's); each also writes the SASS
+#                             with counts (csv)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . scripts/device_common.sh
@@ -93,8 +94,9 @@ for spec in ${NCU_MIMI:-}; do
     sed "s/^/  [mimi $rows blas $br] /" >>"$summary"
 done
 if [ "${NCU_ATTN:-0}" = 1 ]; then
-  # Policies run in the order 2 (scalar), 3 (4 stages), 0 (shipped), 4 and 5 (the lean variant), each
-  # 16 launches x (1 warm-up + 5 timed replays) of the fp8 cache: 96 skips policy 3's, 192 policy 0's too.
+  # Policies run in the order 2 (scalar), 3 (lean, 3 stages), 0 (shipped), 4 (v0.18's), 5 (lean, 4
+  # stages), each 16 launches x (1 warm-up + 5 timed replays) of the fp8 cache: 96 skips policy 3's,
+  # 192 policy 0's too, 288 policy 4's.
   for skip in ${NCU_ATTN_SKIP:-96}; do
     late && { note "ncu attention (skip $skip) skipped (time budget)"; continue; }
     timeout 240 ncu --clock-control none --kernel-name regex:attention_fp8_mma --launch-skip "$skip" --launch-count 1 \
