@@ -395,8 +395,8 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<i
       r8.v_scale = vs.get();
       const double b16 = 2.0 * B * n * D * 2, b8 = 2.0 * B * n * (D + 4.0 * H);
       // Policy 2: the fp8 cache through the scalar kernel (before v0.18); 4: v0.18's tensor-core
-      // kernel; 3 and 5: the lean tensor-core kernel with 3 and 4 stages always; 0: shipped (the lean
-      // kernel, 4 stages for long streams). The bf16 cache runs the same kernel under all of them.
+      // kernel; 3 and 5: the lean tensor-core kernel with 3 and 4 stages; 0: shipped (the lean kernel,
+      // 4 stages from 64 rows). The bf16 cache runs the same kernel under all of them.
       for (int policy : {2, 3, 0, 4, 5}) {
         kern::attention_set_policy(policy);
         const double t16 =

@@ -866,20 +866,20 @@ int fp8_parts(int splits, int64_t rows_heads, int cap) {
 }
 
 // The fp8 tensor-core kernel a launch takes (its stages, its parts). Shipped (policy 0): the lean
-// kernel with 3 stages, or 4 where the 3-stage grid fills at least kDeepWaves waves of resident
-// blocks (64 rows of 32 heads). The plan cannot see how many chunks are live (the positions are on
-// the device, and a graph serves every context length), and 4 stages hold fewer blocks an SM: over
-// a long context their extra bytes in flight pay off at every batch, but over a short one a grid of
-// a wave or two then takes one more wave (v0.27 measured 16 rows over 300 keys 38% slower; 64 rows
-// were not slower at 300 keys and 2% faster at 3000). Policies (benchmarks and tests): 3 and 5, the
-// lean kernel with 3 and 4 stages always; 4, v0.18's kernel (3 stages).
+// kernel with 4 stages from kDeepRows rows, else 3. The plan cannot see how many chunks are live
+// (the positions are on the device, and a graph serves every context length), and 4 stages hold
+// fewer blocks an SM: over a long context their extra bytes in flight pay off, but over a short one
+// the 4-stage plan's grid of small blocks can take more waves (v0.27 on an H100: 16 rows over 300
+// keys 38% slower with 4 stages, 64 rows as fast over 300 keys and 2% faster over 3000; rows in
+// between were not measured, so they keep 3). Policies (benchmarks and tests): 3 and 5, the lean
+// kernel with 3 and 4 stages (up to 4 rows, 3: a block a chunk); 4, v0.18's kernel (3 stages).
 struct Fp8Plan {
   int stages;
   bool lean;
   int parts;
 };
 Fp8Plan fp8_plan(int B, int H, int C) {
-  constexpr int kDeepWaves = 3;
+  constexpr int kDeepRows = 64;
   const int splits = (C + kSplit - 1) / kSplit;
   const int64_t rh = static_cast<int64_t>(H) * B;
   // The shared memory of each kernel is allowed once per device in fp8_blocks_or_throw (outside
@@ -896,7 +896,7 @@ Fp8Plan fp8_plan(int B, int H, int C) {
   if (B <= 4 || g_attention_policy == 1) return {kFp8Stages, true, splits};
   const int p3 = fp8_parts(splits, rh, cap3);
   if (g_attention_policy == 5) return {4, true, fp8_parts(splits, rh, cap4)};
-  if (g_attention_policy == 3 || rh * p3 < static_cast<int64_t>(kDeepWaves) * cap3) return {kFp8Stages, true, p3};
+  if (g_attention_policy == 3 || B < kDeepRows) return {kFp8Stages, true, p3};
   return {4, true, fp8_parts(splits, rh, cap4)};
 }
 }  // namespace

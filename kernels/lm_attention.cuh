@@ -47,7 +47,7 @@ size_t attention_work_floats(int B, int H, int hd, int C);
 // Blocks per (head, row) of ring_attention at batch B. Policies (benchmarks only): 1 keeps a block
 // per chunk of the ring at every batch (the grid before v0.15); 2 runs the fp8 cache through the
 // scalar kernel (before v0.18) instead of the tensor-core one; 3 and 5 run the tensor-core kernel with
-// 3 and 4 stages always (shipped: 4 where the grid fills three waves or more, else 3); 4 runs
+// 3 and 4 stages (shipped: 4 from 64 rows, else 3; up to 4 rows always 3); 4 runs
 // v0.18's tensor-core kernel (before the lean one of v0.27). fp8: the fp8 cache's tensor-core kernel (hd 128), whose parts follow its resident blocks;
 // it is readied on the current device first (throws where it does not fit).
 int attention_parts(int B, int H, int C, bool fp8 = false);

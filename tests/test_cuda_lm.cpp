@@ -531,8 +531,8 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
     for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
     slot.upload(slots.data(), Bmax);
     // Policy 0: the tensor-core kernel for hd 128 (the scalar one for 64); 2: the scalar kernel;
-    // 3 and 5: the lean tensor-core kernel with 3 and 4 stages always (policy 0 takes 4 only where
-    // the grid fills three waves, not at these head counts); 4: v0.18's tensor-core kernel.
+    // 3 and 5: the lean tensor-core kernel with 3 and 4 stages (policy 0 takes 4 from 64 rows, 3
+    // below); 4: v0.18's tensor-core kernel.
     for (const int policy : {0, 2, 3, 4, 5}) {
       kern::attention_set_policy(policy);
       if (hd == 128 && policy != 2) {
