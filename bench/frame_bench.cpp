@@ -646,7 +646,8 @@ int bench(int argc, char** argv) {
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "
                  "attention-batch; default: as shipped, 0; 2 the fp8 cache on the scalar kernel, 3 and 5 the fp8 "
-                 "tensor-core kernel with 3 and 4 stages, 4 v0.18's tensor-core kernel); CUDA builds only")
+                 "tensor-core kernel with 3 and 4 stages (up to 4 rows both 3), 4 v0.18's tensor-core kernel); "
+                 "CUDA builds only")
       ->check(CLI::Range(0, 5));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,

@@ -548,9 +548,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
                              : ring_visible(my, E, r.C, qpos, r.context);
       const unsigned vis = __ballot_sync(0xffffffffu, my < r.C && seen) & 0xffffu;
       if constexpr (LEAN) {
-        // The chunk's first key once in 64 bits; the rows as 32-bit offsets from it.
-        const uint8_t* kc = kb + static_cast<int64_t>(base) * D;
-        const uint8_t* vc = vb + static_cast<int64_t>(base) * D;
+        // The chunk's first key once in 64 bits; the rows as 32-bit offsets from it. A warp whose
+        // keys all lie past the ring (no row visible) copies nothing: its source stays the slot's
+        // first key, inside the cache (masked rows read 0 bytes from the warp's first key).
+        const uint8_t* kc = kb + static_cast<int64_t>(base < r.C ? base : 0) * D;
+        const uint8_t* vc = vb + static_cast<int64_t>(base < r.C ? base : 0) * D;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int pc = lane + 32 * i, row = pc >> 3, col = pc & 7;
@@ -890,14 +892,12 @@ Fp8Plan fp8_plan(int B, int H, int C) {
     return {kFp8Stages, false, B <= 4 ? splits : fp8_parts(splits, rh, cap)};
   }
   const int cap3 = fp8_blocks_or_throw<kFp8Stages, true>();
-  const int cap4 = g_attention_policy == 3 ? 0 : fp8_blocks_or_throw<4, true>();
   // Up to 4 rows (kMaxGemvBatch: the rows whose GEMVs keep one row's order) or with policy 1: a
   // block per chunk.
   if (B <= 4 || g_attention_policy == 1) return {kFp8Stages, true, splits};
-  const int p3 = fp8_parts(splits, rh, cap3);
-  if (g_attention_policy == 5) return {4, true, fp8_parts(splits, rh, cap4)};
-  if (g_attention_policy == 3 || B < kDeepRows) return {kFp8Stages, true, p3};
-  return {4, true, fp8_parts(splits, rh, cap4)};
+  if (g_attention_policy == 3 || (g_attention_policy != 5 && B < kDeepRows))
+    return {kFp8Stages, true, fp8_parts(splits, rh, cap3)};
+  return {4, true, fp8_parts(splits, rh, fp8_blocks_or_throw<4, true>())};
 }
 }  // namespace
 

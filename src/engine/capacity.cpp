@@ -10,7 +10,7 @@ namespace ppx {
 
 size_t lm_slot_bytes(const LmConfig& c, KvDtype kv) {
   // Mirrors CudaLmBatch's constructor: per slot, k and v caches of [layers, context, dim], in bf16
-  // or in fp8 with fp32 scales of [layers, context, heads]; the depformer's bf16 k and v rings of
+  // or in fp8 with fp32 scales of [layers, heads, context]; the depformer's bf16 k and v rings of
   // [depformer layers, dep_q, depformer dim].
   const size_t positions = static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.context);
   const size_t values = positions * static_cast<size_t>(c.dim);

@@ -183,7 +183,7 @@ struct TemporalIo {
   const int32_t* slot = nullptr;     // [B]
   const int32_t* row_pos = nullptr;  // [B] or nullptr: rows at their own positions (kern::RingArgs)
   // KV caches [layers, slots, context, dim]: bf16 k / v, or (--kv-fp8) k8 / v8 with per-head
-  // scales [layers, slots, context, heads]; the layer strides in elements.
+  // scales [layers, slots, heads, context]; the layer strides in elements.
   __nv_bfloat16 *k = nullptr, *v = nullptr;
   __nv_fp8_e4m3 *k8 = nullptr, *v8 = nullptr;
   float *k_scale = nullptr, *v_scale = nullptr;
