@@ -421,6 +421,7 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
 
 int g_sms = 0;
 int g_policy = kGemmPolicyAuto;  // gemm_set_policy()
+constexpr int64_t kOneSliceBytes = 256 * 1024;  // policy 9 (see gemm_batched)
 // Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
 // measurement hook of the benchmarks and tests).
 cublasHandle_t g_blas = nullptr;
@@ -508,8 +509,9 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  if ((policy == 4 || policy == 5) && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
-  if ((policy == 4 || policy == 5) && !gemm_wg::available())
+  const bool wg = policy == 4 || policy == 5 || policy >= 7;
+  if (wg && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
+  if (wg && !gemm_wg::available())
     throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
                              "build with sm_90 among its architectures)");
   g_policy = policy;
@@ -601,9 +603,13 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int sms = g_sms > 0 ? g_sms : 132;
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
-  const bool wide = policy == 5;
-  if ((policy == 4 || policy == 5) && a.wi8 != nullptr &&
-      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
+  // Policy 7: policy 5 ending in its own epilogue where the scratch has the counters; 8: the same
+  // only where the launch runs one K slice; 9: policy 8, and one K slice, fused, wherever a tile's
+  // weights are at most kOneSliceBytes (the depformer's K = 1024).
+  const bool wide = policy == 5 || policy >= 7;
+  const int fout = policy >= 7 && gemm_wg::can_fuse(a, out) ? static_cast<int>(out) : -1;
+  if ((policy == 4 || wide) && a.wi8 != nullptr &&
+      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide, fout) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
       c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
@@ -612,9 +618,13 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
-      const int S = gemm_wg::plan(c, c.B, sms, wide);
-      gemm_wg::launch(in, c, S, wide, s);
-      epilogue(c, S);
+      int fo = fout, S = gemm_wg::plan(c, c.B, sms, wide, fo);
+      if (policy == 9 && fo >= 0 && static_cast<int64_t>(a.K) * 128 <= kOneSliceBytes)
+        S = 1;
+      else if (policy >= 8 && S > 1 && fo >= 0)
+        fo = -1, S = gemm_wg::plan(c, c.B, sms, wide, fo);
+      gemm_wg::launch(in, c, S, wide, fo, s);
+      if (fo < 0) epilogue(c, S);
     }
     return true;
   }

@@ -179,9 +179,22 @@ __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __
 
 #endif
 
+// Policy 7's fused end (Epi::mode >= 0): the K slices' sum and the GEMV epilogue in the last block
+// of each tile. kGateUp pairs weight rows n and n + N / 2, so there a tile takes 64 gate rows (the
+// first warpgroup) and the matching 64 up rows (the second).
+struct Epi {
+  int mode = -1;  // -1: partial sums only (policy 4 / 5); else a GemvOut
+  int S = 1;
+  int* sync = nullptr;  // [tiles] arrival counters, zero before and after the launch
+  const float* w_scale = nullptr;
+  __nv_bfloat16* y = nullptr;
+  float* yf = nullptr;
+  int64_t y_stride = 0;
+};
+
 template <int NU, int KT>
 __global__ void __launch_bounds__(kThreads, 1)
-    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws) {
+    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
   constexpr int kStages = stages_of(NU, KT);
@@ -195,16 +208,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * kRows;
   const int k0 = blockIdx.y * ks, ktiles = min(ks, K - k0) / KT;
+  const bool pair = e.mode == static_cast<int>(GemvOut::kGateUp);
+  // The weight row of the tile's row lr (0..127), or -1 where there is none (past N; kGateUp: past
+  // the N / 2 pairs).
+  auto grow = [&](int lr) {
+    if (!pair) return n0 + lr < N ? n0 + lr : -1;
+    const int h = N / 2, r = blockIdx.x * 64 + (lr & 63);
+    return r < h ? (lr < 64 ? r : h + r) : -1;
+  };
+  // This thread's copy sources: rows past the end read row N - 1 (computed, not stored).
+  constexpr int kCopies = kRows * KT / 16 / kThreads;
+  const int8_t* wsrc[kCopies];
+#pragma unroll
+  for (int c = 0; c < kCopies; ++c) {
+    const int chunk = tid + c * kThreads, n = grow(chunk / (KT / 16));
+    wsrc[c] = w + static_cast<int64_t>(n < 0 ? N - 1 : n) * K + k0 + (chunk % (KT / 16)) * 16;
+  }
 
   auto issue = [&](int it) {
     if (it < ktiles) {
       const int kg = k0 + it * KT;
       unsigned char* wd = wst + (it % kStages) * kWStage;
 #pragma unroll
-      for (int c = 0; c < kRows * KT / 16 / kThreads; ++c) {
+      for (int c = 0; c < kCopies; ++c) {
         const int chunk = tid + c * kThreads, row = chunk / (KT / 16), col = chunk % (KT / 16);
-        const int n = min(n0 + row, N - 1);  // rows past N: computed, not stored
-        cp_async16(wd + row * kWPitch + col * 16, w + static_cast<int64_t>(n) * K + kg + col * 16, true);
+        cp_async16(wd + row * kWPitch + col * 16, wsrc[c] + it * KT, true);
       }
       const __half* xsrc = xw + static_cast<int64_t>(kg / KT) * kXStage;
       __half* xd = xst + (it % kStages) * kXStage;
@@ -265,20 +293,107 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
-  // Partial sums: accumulator 4 j + e is weight row 16 warp + g (+ 8 for e >= 2), batch column
-  // 8 j + 2 t + (e & 1) (the m16n8 fragment order, repeated along N).
-  const int nb = n0 + warp * 16 + g;
+  // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
+  // (q & 1) (the m16n8 fragment order, repeated along N).
+  const int lb = warp * 16 + g;
+  // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory, free once every warp
+  // is past its last MMA (kBp x 128 floats: at most the 4 stages' activations).
+  float* sums = reinterpret_cast<float*>(smem);
+  if (e.mode < 0 || e.S > 1) {
 #pragma unroll
-  for (int j = 0; j < 2 * NU; ++j) {
+    for (int j = 0; j < 2 * NU; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int b = 8 * j + 2 * t + (e & 1), n = nb + (e >= 2 ? 8 : 0);
-      if (b < B && n < N)
-        ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + e] * xscale[blockIdx.y * kMaxRows + b];
+      for (int q = 0; q < 4; ++q) {
+        const int b = 8 * j + 2 * t + (q & 1), n = grow(lb + (q >= 2 ? 8 : 0));
+        if (b < B && n >= 0)
+          ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
+      }
+    }
+    if (e.mode < 0) return;
+    // The last block of the tile to arrive sums the S partials (in slice order, as lm_gemm.cu's
+    // epilogue kernel does) and resets the counter for the next launch.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      last = atomicAdd(e.sync + blockIdx.x, 1) == e.S - 1;
+      if (last) e.sync[blockIdx.x] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (N % 8 == 0) {
+      // Four rows at a time, every slice's loads issued before the sums (this block alone reduces
+      // the tile, so its loads' latency is the tail of the launch). With N % 8 == 0 the four rows
+      // n..n+3 (n % 4 == 0) are in range together (kGateUp: N / 2 % 4 == 0).
+      const int64_t step = static_cast<int64_t>(B) * N;
+      for (int i = tid * 4; i < B * kRows; i += kThreads * 4) {
+        const int b = i / kRows, n = grow(i % kRows);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (n >= 0) {
+          const float* p = ws + static_cast<int64_t>(b) * N + n;
+          float4 part[kMaxSlices];
+#pragma unroll
+          for (int sl = 0; sl < kMaxSlices; ++sl)
+            if (sl < e.S) part[sl] = __ldcg(reinterpret_cast<const float4*>(p + sl * step));
+#pragma unroll
+          for (int sl = 0; sl < kMaxSlices; ++sl) {
+            if (sl < e.S) v.x += part[sl].x, v.y += part[sl].y, v.z += part[sl].z, v.w += part[sl].w;
+          }
+        }
+        *reinterpret_cast<float4*>(sums + i) = v;
+      }
+    } else {
+      for (int i = tid; i < B * kRows; i += kThreads) {
+        const int b = i / kRows, n = grow(i % kRows);
+        float v = 0.f;
+        if (n >= 0)
+          for (int sl = 0; sl < e.S; ++sl) v += __ldcg(ws + (static_cast<int64_t>(sl) * B + b) * N + n);
+        sums[i] = v;
+      }
+    }
+  } else {
+    __syncthreads();  // every warp past its MMAs: the stages are free
+#pragma unroll
+    for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int b = 8 * j + 2 * t + (q & 1);
+        if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + acc[4 * j + q] * xscale[b];
+      }
+    }
+  }
+  __syncthreads();
+  // lm_gemm.cu's epilogue_kernel, over the tile.
+  GemvArgs o;
+  o.y = e.y;
+  o.yf = e.yf;
+  o.y_stride = e.y_stride;
+  if (pair) {
+    const int h = N / 2;
+    for (int i = tid; i < B * 64; i += kThreads) {
+      const int b = i / 64, j = i % 64, r = blockIdx.x * 64 + j;
+      if (r >= h) continue;
+      float gg = sums[b * kRows + j], uu = sums[b * kRows + 64 + j];
+      if (e.w_scale) gg *= __ldg(e.w_scale + r), uu *= __ldg(e.w_scale + h + r);
+      gg = __bfloat162float(__float2bfloat16(gg));
+      uu = __bfloat162float(__float2bfloat16(uu));
+      e.y[b * e.y_stride + r] = __float2bfloat16(silu_mul(gg, uu));
+    }
+    return;
+  }
+  for (int i = tid; i < B * kRows; i += kThreads) {
+    const int b = i / kRows, n = n0 + i % kRows;
+    if (n >= N) continue;
+    const float v = e.w_scale ? sums[i] * __ldg(e.w_scale + n) : sums[i];
+    switch (e.mode) {
+      case static_cast<int>(GemvOut::kStore): gemv_impl::epilogue<GemvOut::kStore>(o, b, n, v); break;
+      case static_cast<int>(GemvOut::kResidual): gemv_impl::epilogue<GemvOut::kResidual>(o, b, n, v); break;
+      default: gemv_impl::epilogue<GemvOut::kLogits>(o, b, n, v); break;
     }
   }
 #else
-  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws;
+  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
   __trap();
 #endif
 }
@@ -291,10 +406,11 @@ __global__ void probe_kernel(int* out) {
 #endif
 }
 
-using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, cudaStream_t);
+using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
 template <int NU, int KT>
-void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, cudaStream_t s) {
-  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws);
+void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
+               cudaStream_t s) {
+  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
@@ -355,7 +471,16 @@ void init() {
 
 bool available() { return g_avail; }
 
-int plan(const GemvArgs& a, int B, int sms, bool wide) {
+int tiles_of(const GemvArgs& a, int out) {
+  return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
+}
+
+bool can_fuse(const GemvArgs& a, GemvOut out) {
+  return a.gemm.sync != nullptr && a.gemm.sync_ints >= static_cast<size_t>(tiles_of(a, static_cast<int>(out))) &&
+         (out != GemvOut::kGateUp || a.N % 2 == 0);
+}
+
+int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
   const int KT = kt_for((B + 15) / 16, wide, a.K);
   if (a.K % KT != 0) return 0;
@@ -371,7 +496,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide) {
   // blocks draws min(1, A / R) of the bandwidth (v0.25 measured a lone block bound by its MMA and
   // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
-  const int tiles = (a.N + kRows - 1) / kRows;
+  const int tiles = tiles_of(a, out);
   const int R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
@@ -388,7 +513,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -403,11 +528,21 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s) {
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid((a.N + kRows - 1) / kRows, S);
+  const dim3 grid(tiles_of(a, out), S);
+  Epi e;
+  if (out >= 0) {
+    e.mode = out;
+    e.S = S;
+    e.sync = a.gemm.sync;
+    e.w_scale = a.w_scale;
+    e.y = a.y;
+    e.yf = a.yf;
+    e.y_stride = a.y_stride;
+  }
   if (wide)
-    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
+    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else
-    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, s);
+    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
 }
 
 }  // namespace ppx::kern::gemm_wg

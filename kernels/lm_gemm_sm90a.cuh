@@ -29,9 +29,15 @@ bool available();
 // here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
 // round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
 // wide: policy 5's k-tiles of 128 (up to 128 rows and where K % 128 == 0; else policy 4's 64).
-int plan(const GemvArgs& a, int B, int sms, bool wide = false);
-// Stages `a`'s a.B rows (prologue `in`) and writes the partial sums ws[s][b][n] (s < S = plan(),
-// times each row's activation scale; the weight scale is the epilogue's).
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, cudaStream_t s);
+// out: -1 for a launch that ends at the partial sums; a GemvOut (as int) for one that applies that
+// epilogue itself (policy 7; where can_fuse()), whose tiles kGateUp pairs differently.
+int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
+// Whether a launch of `a` can end in its own epilogue `out`: a.gemm.sync holds a counter per tile.
+bool can_fuse(const GemvArgs& a, GemvOut out);
+// Stages `a`'s a.B rows (prologue `in`), then with out == -1 writes the partial sums ws[s][b][n]
+// (s < S = plan(), times each row's activation scale; the weight scale is the epilogue's, which
+// lm_gemm.cu runs), else writes y / yf through the epilogue `out` (the sums in slice order and the
+// rounding of lm_gemm.cu's epilogue kernel: the same bits).
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg

@@ -21,6 +21,9 @@
 #   NCU_MIMI ["" ]            "ROWS:BLAS_ROWS" (e.g. "64:0"): per-kernel GPU time of one batched encode and
 #                             decode at ROWS rows (ncu summary by kernel name); "" skips
 # (personaplex-bench-mimi must be in the pack for the last two.)
+#   NCU_LM [""]               "ROWS:FLAGS" (e.g. "64:--fast --kv-fp8"): GPU time per kernel name over one
+#                             --lm-batch ROWS step with empty contexts (ncu summary; the set-up's kernels
+#                             are listed too, their names tell them apart); "" skips
 #   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
 #                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel); NCU_ATTN_SKIP ["96"]:
 #                             launches of that kernel skipped first, one profile per value (96: policy 0's
@@ -93,6 +96,15 @@ for spec in ${NCU_MIMI:-}; do
   grep -E "^  [^ ]|gpu__time_duration.sum" "$raw/ncu_mimi_${rows}_$br.txt" | head -300 |
     sed "s/^/  [mimi $rows blas $br] /" >>"$summary"
 done
+if [ -n "${NCU_LM:-}" ] && ! late; then
+  rows=${NCU_LM%%:*} lmflags=${NCU_LM#*:}
+  # shellcheck disable=SC2086
+  timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$B/personaplex-bench" --device cuda --random-weights $lmflags --lm-batch "$rows" --frames 1 --warmup 0 \
+    --out "$raw/ncu_lm.json" >"$raw/ncu_lm.txt" 2>&1
+  note "ncu lm step ($NCU_LM) rc=$?"
+  python3 scripts/ncu_summary.py "$raw/ncu_lm.txt" | sed "s/^/  [lm step] /" >>"$summary"
+fi
 if [ "${NCU_ATTN:-0}" = 1 ]; then
   # Policies run in the order 2 (scalar), 3 (lean, 3 stages), 0 (shipped), 4 (v0.18's), 5 (lean, 4
   # stages), each 16 launches x (1 warm-up + 5 timed replays) of the fp8 cache: 96 skips policy 3's,

@@ -168,6 +168,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   h.B = B;
   h.yf = io.logits + static_cast<int64_t>(st) * c.card;
   h.y_stride = io.logits_stride;
+  h.gemm = io.gemm;  // B > 4: one GEMM (without it, one GEMV launch per 4 rows: v0.27's 16 at 64 rows)
   lm.linears[st].set(h);
   kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
 }
