@@ -421,7 +421,6 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
 
 int g_sms = 0;
 int g_policy = kGemmPolicyAuto;  // gemm_set_policy()
-constexpr int64_t kOneSliceBytes = 256 * 1024;  // policy 9 (see gemm_batched)
 // Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
 // measurement hook of the benchmarks and tests).
 cublasHandle_t g_blas = nullptr;
@@ -509,7 +508,7 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  const bool wg = policy == 4 || policy == 5 || policy >= 7;
+  const bool wg = policy == 4 || policy == 5 || policy == 8;
   if (wg && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
   if (wg && !gemm_wg::available())
     throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
@@ -542,11 +541,11 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.gemm.xstage == nullptr && in != GemvIn::kPlain) return false;
   if (a.gemm.ws == nullptr) return false;
   // Read once: the plan and the launch must agree. The shipped choice (policy 6): wgmma with
-  // k-tiles of 128 where they fit (policy 5) from kGemmWgMinRows rows where it runs, the mma.sync
-  // kernel below (v0.26: where each is faster).
+  // k-tiles of 128 where they fit, ending in the epilogue where one K slice runs (policy 8), from
+  // kGemmWgMinRows rows where it runs, the mma.sync kernel below (v0.26, v0.28: where each is faster).
   int policy = g_policy;
   if (policy == kGemmPolicyAuto)
-    policy = a.wi8 != nullptr && a.B >= kGemmWgMinRows && gemm_wg::available() ? 5 : 0;
+    policy = a.wi8 != nullptr && a.B >= kGemmWgMinRows && gemm_wg::available() ? 8 : 0;
   // The activations the GEMM multiplies: x as given (kPlain), or staged by the GEMV's prologue
   // into xstage (bf16 [B, K]).
   auto stage = [&](const __nv_bfloat16*& x, int64_t& xs) {
@@ -603,11 +602,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int sms = g_sms > 0 ? g_sms : 132;
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
-  // Policy 7: policy 5 ending in its own epilogue where the scratch has the counters; 8: the same
-  // only where the launch runs one K slice; 9: policy 8, and one K slice, fused, wherever a tile's
-  // weights are at most kOneSliceBytes (the depformer's K = 1024).
-  const bool wide = policy == 5 || policy >= 7;
-  const int fout = policy >= 7 && gemm_wg::can_fuse(a, out) ? static_cast<int>(out) : -1;
+  // Policy 8: policy 5, ending in its own epilogue where the launch runs one K slice.
+  const bool wide = policy == 5 || policy == 8;
+  const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide, fout) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
@@ -619,10 +616,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
       int fo = fout, S = gemm_wg::plan(c, c.B, sms, wide, fo);
-      if (policy == 9 && fo >= 0 && static_cast<int64_t>(a.K) * 128 <= kOneSliceBytes)
-        S = 1;
-      else if (policy >= 8 && S > 1 && fo >= 0)
-        fo = -1, S = gemm_wg::plan(c, c.B, sms, wide, fo);
+      if (S > 1 && fo >= 0) fo = -1, S = gemm_wg::plan(c, c.B, sms, wide, fo);
       gemm_wg::launch(in, c, S, wide, fo, s);
       if (fo < 0) epilogue(c, S);
     }

@@ -1,4 +1,4 @@
-// GEMM policies 4 and 5 (and 6, the default, from 40 rows): the batched int8-weight GEMM on wgmma
+// GEMM policies 4, 5 and 8 (and 6, the default, 8 from 40 rows): the batched int8-weight GEMM on wgmma
 // (see lm_gemm_sm90a.cuh). Compiled for sm_90a alone (kernels/CMakeLists.txt); the kernels' bodies
 // exist only under the architecture's feature macro, and init() probes for them.
 //
@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -179,13 +180,12 @@ __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __
 
 #endif
 
-// Policy 7's fused end (Epi::mode >= 0): the K slices' sum and the GEMV epilogue in the last block
-// of each tile. kGateUp pairs weight rows n and n + N / 2, so there a tile takes 64 gate rows (the
-// first warpgroup) and the matching 64 up rows (the second).
+// Policy 8's fused end (Epi::mode >= 0, one K slice): the GEMV epilogue applied by the block that
+// computed the tile, from shared memory, instead of partial sums and a kernel of its own. kGateUp
+// pairs weight rows n and n + N / 2, so there a tile takes 64 gate rows (the first warpgroup) and
+// the matching 64 up rows (the second).
 struct Epi {
-  int mode = -1;  // -1: partial sums only (policy 4 / 5); else a GemvOut
-  int S = 1;
-  int* sync = nullptr;  // [tiles] arrival counters, zero before and after the launch
+  int mode = -1;  // -1: partial sums only (policies 4 and 5, and 8 over several K slices); else a GemvOut
   const float* w_scale = nullptr;
   __nv_bfloat16* y = nullptr;
   float* yf = nullptr;
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory, free once every warp
   // is past its last MMA (kBp x 128 floats: at most the 4 stages' activations).
   float* sums = reinterpret_cast<float*>(smem);
-  if (e.mode < 0 || e.S > 1) {
+  if (e.mode < 0) {
 #pragma unroll
     for (int j = 0; j < 2 * NU; ++j) {
 #pragma unroll
@@ -309,58 +309,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
       }
     }
-    if (e.mode < 0) return;
-    // The last block of the tile to arrive sums the S partials (in slice order, as lm_gemm.cu's
-    // epilogue kernel does) and resets the counter for the next launch.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      last = atomicAdd(e.sync + blockIdx.x, 1) == e.S - 1;
-      if (last) e.sync[blockIdx.x] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (N % 8 == 0) {
-      // Four rows at a time, every slice's loads issued before the sums (this block alone reduces
-      // the tile, so its loads' latency is the tail of the launch). With N % 8 == 0 the four rows
-      // n..n+3 (n % 4 == 0) are in range together (kGateUp: N / 2 % 4 == 0).
-      const int64_t step = static_cast<int64_t>(B) * N;
-      for (int i = tid * 4; i < B * kRows; i += kThreads * 4) {
-        const int b = i / kRows, n = grow(i % kRows);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (n >= 0) {
-          const float* p = ws + static_cast<int64_t>(b) * N + n;
-          float4 part[kMaxSlices];
+    return;
+  }
+  // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p, as the epilogue kernel's sum
+  // over one slice (the same bits, a zero's sign included).
+  __syncthreads();  // every warp past its MMAs: the stages are free
 #pragma unroll
-          for (int sl = 0; sl < kMaxSlices; ++sl)
-            if (sl < e.S) part[sl] = __ldcg(reinterpret_cast<const float4*>(p + sl * step));
+  for (int j = 0; j < 2 * NU; ++j) {
 #pragma unroll
-          for (int sl = 0; sl < kMaxSlices; ++sl) {
-            if (sl < e.S) v.x += part[sl].x, v.y += part[sl].y, v.z += part[sl].z, v.w += part[sl].w;
-          }
-        }
-        *reinterpret_cast<float4*>(sums + i) = v;
-      }
-    } else {
-      for (int i = tid; i < B * kRows; i += kThreads) {
-        const int b = i / kRows, n = grow(i % kRows);
-        float v = 0.f;
-        if (n >= 0)
-          for (int sl = 0; sl < e.S; ++sl) v += __ldcg(ws + (static_cast<int64_t>(sl) * B + b) * N + n);
-        sums[i] = v;
-      }
-    }
-  } else {
-    __syncthreads();  // every warp past its MMAs: the stages are free
-#pragma unroll
-    for (int j = 0; j < 2 * NU; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int b = 8 * j + 2 * t + (q & 1);
-        if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + acc[4 * j + q] * xscale[b];
-      }
+    for (int q = 0; q < 4; ++q) {
+      const int b = 8 * j + 2 * t + (q & 1);
+      if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + acc[4 * j + q] * xscale[b];
     }
   }
   __syncthreads();
@@ -475,11 +434,6 @@ int tiles_of(const GemvArgs& a, int out) {
   return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
 }
 
-bool can_fuse(const GemvArgs& a, GemvOut out) {
-  return a.gemm.sync != nullptr && a.gemm.sync_ints >= static_cast<size_t>(tiles_of(a, static_cast<int>(out))) &&
-         (out != GemvOut::kGateUp || a.N % 2 == 0);
-}
-
 int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
   const int KT = kt_for((B + 15) / 16, wide, a.K);
@@ -514,6 +468,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
 }
 
 void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
+  if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -532,8 +487,6 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
   Epi e;
   if (out >= 0) {
     e.mode = out;
-    e.S = S;
-    e.sync = a.gemm.sync;
     e.w_scale = a.w_scale;
     e.y = a.y;
     e.yf = a.yf;

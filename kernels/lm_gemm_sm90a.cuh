@@ -1,4 +1,4 @@
-// GEMM policies 4 and 5 (kern::gemm_set_policy; policy 6, the default, takes 5 from 40 rows): the
+// GEMM policies 4, 5 and 8 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
 // batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
@@ -8,7 +8,8 @@
 // does; the activations are its B operand, in shared memory, fp16 over a power of two per batch
 // row and K slice (policy 0's exactness argument and scales), staged once per launch by a prologue
 // kernel into GemmScratch::xstage in the order the MMA reads them. Sums are fp32; the split-K
-// partials and the epilogue are lm_gemm.cu's.
+// partials and their epilogue are lm_gemm.cu's, except that a launch of one K slice under policy 8
+// applies the epilogue itself.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,15 +30,13 @@ bool available();
 // here: not int8 weights, K % 64 != 0, B > kMaxRows, a staging buffer shorter than
 // round_up(B, 16) x K, or partial sums that do not fit GemmScratch::ws.
 // wide: policy 5's k-tiles of 128 (up to 128 rows and where K % 128 == 0; else policy 4's 64).
-// out: -1 for a launch that ends at the partial sums; a GemvOut (as int) for one that applies that
-// epilogue itself (policy 7; where can_fuse()), whose tiles kGateUp pairs differently.
+// out: -1 for a launch that ends at the partial sums; a GemvOut (as int) for one that would apply
+// that epilogue itself (policy 8), whose tiles kGateUp pairs differently.
 int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
-// Whether a launch of `a` can end in its own epilogue `out`: a.gemm.sync holds a counter per tile.
-bool can_fuse(const GemvArgs& a, GemvOut out);
 // Stages `a`'s a.B rows (prologue `in`), then with out == -1 writes the partial sums ws[s][b][n]
 // (s < S = plan(), times each row's activation scale; the weight scale is the epilogue's, which
-// lm_gemm.cu runs), else writes y / yf through the epilogue `out` (the sums in slice order and the
-// rounding of lm_gemm.cu's epilogue kernel: the same bits).
+// lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
+// epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
 void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg

@@ -36,18 +36,12 @@ constexpr int kMaxGemvBatch = 4;
 // input is kPlain), and its split-K partial sums, at least gemm_ws_floats(B, max N) floats.
 // Policy 4 (gemm_set_policy) stages every launch's rows, B rounded up to 16, as fp16 in xstage: it
 // runs only where xstage_elems (the buffer's length) holds gemm_xstage_elems(B, K).
-// Optionally, sync: kGemmSyncInts counters, zero when allocated (each launch that uses them leaves
-// them zero), with which policy 7 sums the K slices and applies the epilogue in the GEMM's last
-// block of each tile instead of a kernel of its own. One scratch serves one stream at a time.
 struct GemmScratch {
   __nv_bfloat16* xstage = nullptr;
   float* ws = nullptr;
   size_t ws_floats = 0;
   size_t xstage_elems = 0;
-  int* sync = nullptr;
-  size_t sync_ints = 0;
 };
-constexpr size_t kGemmSyncInts = 1024;
 size_t gemm_ws_floats(int B, int max_n);
 size_t gemm_xstage_elems(int B, int max_k);
 
@@ -95,12 +89,9 @@ void gemv_set_grid_policy(int policy);
 // int8 weights on Hopper's wgmma, up to 256 rows a launch (lm_gemm_sm90a.cuh; bf16 weights, or a
 // scratch without room, run policy 0); setting it where gemm_wg_available() is false throws. 5:
 // policy 4 with k-tiles of 128 up to 128 rows (where K % 128 == 0). 6 (kGemmPolicyAuto, the default, what
-// ships): policy 5 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
-// policy 0. 7: policy 5 with the split-K sum and the epilogue in the GEMM kernel (the last block of
-// each weight tile; GemmScratch::sync needed, else policy 5's separate epilogue kernel), one launch
-// fewer per GEMM and no partial sums written where one K slice runs. 8: policy 7 only where one K
-// slice runs (policy 5 elsewhere). 9: policy 8, but one K slice, fused, wherever a weight tile (128
-// rows) is at most 256 KiB (K <= 2048: the depformer's GEMMs). Not thread-safe; not for serving code.
+// ships): policy 8 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
+// policy 0. 8: policy 5, but a launch that runs one K slice applies the epilogue itself (no partial
+// sums written, no epilogue kernel; the same bits). 7 and 9 were experiments (v0.28), not kept. Not thread-safe; not for serving code.
 constexpr int kGemmPolicyAuto = 6;
 constexpr int kGemmWgMinRows = 40;
 void gemm_set_policy(int policy);

@@ -90,8 +90,6 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   dpre_.resize(r * S_ * DD);
   xstage_.resize(kern::gemm_xstage_elems(rows_, std::max({D, H, DD, DH})));
   ws_.resize(kern::gemm_ws_floats(rows_, std::max({3 * D, 2 * H, c.text_card, S_ * DD, 3 * DD, 2 * DH, c.card})));
-  gemm_sync_.resize(kern::kGemmSyncInts);
-  gemm_sync_.zero();
   work_.resize(kern::attention_work_floats(rows_, c.num_heads, D / c.num_heads, c.context));
   text_logits_.resize(r * c.text_card);
   audio_logits_.resize(r * S_ * c.card);
@@ -318,8 +316,6 @@ kern::GemmScratch CudaLmBatch::gemm_scratch() {
   g.ws = ws_.get();
   g.ws_floats = ws_.size();
   g.xstage_elems = xstage_.size();
-  g.sync = gemm_sync_.get();
-  g.sync_ints = gemm_sync_.size();
   return g;
 }
 
