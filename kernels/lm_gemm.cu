@@ -501,6 +501,8 @@ void init() {
 namespace ppx::kern {
 void gemm_set_policy(int policy) {
   using namespace gemm_impl;
+  if (policy < 0 || policy > 8 || policy == 7)
+    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6 and 8)");
   if (policy == 3 && g_blas == nullptr) {
     if (g_blas_ws == nullptr && cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess) {
       g_blas_ws = nullptr;
@@ -606,7 +608,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const bool wide = policy == 5 || policy == 8;
   const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
-      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide, fout) > 0) {
+      gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
       c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
@@ -615,8 +617,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
-      int fo = fout, S = gemm_wg::plan(c, c.B, sms, wide, fo);
-      if (S > 1 && fo >= 0) fo = -1, S = gemm_wg::plan(c, c.B, sms, wide, fo);
+      // Policy 8 fuses where policy 5's plan runs one K slice, so it computes what 5 computes.
+      const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
+      const int fo = S == 1 ? fout : -1;
       gemm_wg::launch(in, c, S, wide, fo, s);
       if (fo < 0) epilogue(c, S);
     }

@@ -2,7 +2,8 @@
 // (see lm_gemm_sm90a.cuh). Compiled for sm_90a alone (kernels/CMakeLists.txt); the kernels' bodies
 // exist only under the architecture's feature macro, and init() probes for them.
 //
-// Work split: the grid is (tiles, S). Block (p, s) owns weight rows [128 p, 128 p + 128) and the K
+// Work split: the grid is (tiles, S). Block (p, s) owns weight rows [128 p, 128 p + 128) (under
+// policy 8's fused kGateUp: gate rows [64 p, 64 p + 64) and their up rows N / 2 later) and the K
 // slice s, and streams both operands through a cp.async pipeline in k-tiles of KT = 64 (policy 4)
 // or 128 (policy 5, where 4 stages fit) with as many stages, up to 8, as fit in shared memory (the
 // weight bytes in flight are what bounds an SM's share of the memory bandwidth): the tile's
@@ -296,8 +297,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
   // (q & 1) (the m16n8 fragment order, repeated along N).
   const int lb = warp * 16 + g;
-  // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory, free once every warp
-  // is past its last MMA (kBp x 128 floats: at most the 4 stages' activations).
+  // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
+  // once every warp is past its last MMA.
+  static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= smem_bytes(NU, KT), "the sums fit the stages");
   float* sums = reinterpret_cast<float*>(smem);
   if (e.mode < 0) {
 #pragma unroll
@@ -311,15 +313,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p, as the epilogue kernel's sum
-  // over one slice (the same bits, a zero's sign included).
+  // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p with p rounded first (no FMA
+  // contraction), as policy 5 stores p and the epilogue kernel adds it to 0: the same bits, a
+  // negative zero's sign included.
   __syncthreads();  // every warp past its MMAs: the stages are free
 #pragma unroll
   for (int j = 0; j < 2 * NU; ++j) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int b = 8 * j + 2 * t + (q & 1);
-      if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + acc[4 * j + q] * xscale[b];
+      if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + __fmul_rn(acc[4 * j + q], xscale[b]);
     }
   }
   __syncthreads();

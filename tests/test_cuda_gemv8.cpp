@@ -170,6 +170,21 @@ struct Case {
   int N, K;
 };
 
+// The shape, inputs and outputs of a test GEMV: x rows of 2K (kSiluGate reads both halves), y / yf
+// rows of the output width (kGateUp: N / 2), or of N where the epilogue adds to y.
+void set_io(kern::GemvArgs& a, const Case& c, const __nv_bfloat16* x, int B, const __nv_bfloat16* alpha,
+            __nv_bfloat16* y, float* yf) {
+  a.x = x;
+  a.x_stride = 2 * c.K;
+  a.N = c.N;
+  a.K = c.K;
+  a.B = B;
+  a.alpha = alpha;
+  a.y = y;
+  a.yf = yf;
+  a.y_stride = c.out == GemvOut::kResidual ? c.N : c.out == GemvOut::kGateUp ? c.N / 2 : c.N;
+}
+
 // Quantizes random bf16 weights [N, K] on the device (fp8 e4m3, or int8), then for each batch size
 // (B > 4: the tensor-core GEMM of lm_gemm.cu, given a staging buffer) runs the 8-bit GEMV and
 // compares with the host references. bf16_weights: the bf16 weights themselves instead (held to
@@ -232,17 +247,8 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
       a.w_scale = scale.get();
     }
     if (B > kern::kMaxGemvBatch) a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size(), xstage.size()};
-    a.x = x.get();
-    a.x_stride = 2 * K;
-    a.N = N;
-    a.K = K;
-    a.B = B;
-    a.alpha = alpha.get();
+    set_io(a, c, x.get(), B, alpha.get(), y.get(), yf.get());
     a.eps = eps;
-    a.y = y.get();
-    a.yf = yf.get();
-    a.y_stride = NO;
-    if (c.out == GemvOut::kResidual) a.y_stride = N;
     kern::gemv(c.in, c.out, a, nullptr);
     PPX_CUDA_CHECK(cudaGetLastError());
     PPX_CUDA_CHECK(cudaDeviceSynchronize());
@@ -447,6 +453,9 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
   cases.push_back({GemvIn::kPlain, GemvOut::kGateUp, 2 * 2816, 1024});
   const std::vector<int> batches{5, 64, 100, 300};
   const int mb = 300;
+  int dev = 0, sms = 0;
+  PPX_CUDA_CHECK(cudaGetDevice(&dev));
+  PPX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   bool one_slice = false, several = false;
   for (const Case& c : cases) {
     const int N = c.N, K = c.K, NO = c.out == GemvOut::kGateUp ? N / 2 : N;
@@ -467,16 +476,9 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
       a.wi8 = q.get();
       a.w_scale = scale.get();
       a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size(), xstage.size()};
-      a.x = x.get();
-      a.x_stride = 2 * K;
-      a.N = N;
-      a.K = K;
-      a.B = B;
-      a.alpha = alpha.get();
-      a.y = y.get();
-      a.yf = yf.get();
-      a.y_stride = c.out == GemvOut::kResidual ? N : NO;
-      const int S = kern::gemm_wg::plan(a, std::min(B, kern::gemm_wg::kMaxRows), 132, true, static_cast<int>(c.out));
+      set_io(a, c, x.get(), B, alpha.get(), y.get(), yf.get());
+      // The K slices of the first launch (policy 8 fuses where this is 1).
+      const int S = kern::gemm_wg::plan(a, std::min(B, kern::gemm_wg::kMaxRows), sms, true);
       ASSERT_GT(S, 0);
       (S == 1 ? one_slice : several) = true;
       const int policies[] = {5, 8};
@@ -501,6 +503,14 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
   EXPECT_TRUE(one_slice) << "no case ran one K slice";
   EXPECT_TRUE(several) << "no case ran several K slices";
   kern::gemm_set_policy(kern::kGemmPolicyAuto);  // as shipped
+}
+
+// The GEMM policy hook takes 0-6 and 8 (7 and 9 were experiments that left the code); the check
+// comes before any CUDA call, so this runs without a GPU.
+TEST(CudaGemv8, GemmPolicyOutsideTheListThrows) {
+  const int before = kern::gemm_policy();
+  for (int p : {-1, 7, 9, 10}) EXPECT_THROW(kern::gemm_set_policy(p), std::invalid_argument) << p;
+  EXPECT_EQ(kern::gemm_policy(), before);
 }
 
 // The int8 quantizer: scale = max|w| / 127 exactly (1 for zeros), every code is rint(w / scale)
