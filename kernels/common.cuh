@@ -152,11 +152,15 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* f) {
 // Upstream's ring visibility (the rule in lm_attention.cuh), shared by the GPU attentions over a
 // ring: after the write E tokens exist; slot idx is seen by the query at position q iff its label
 // is in [0, q] and, when context > 0, q - label < context.
-__device__ __forceinline__ bool ring_visible(int idx, int E, int C, int q, int context) {
+// ring_visible_em takes E % C (Em) from a caller that hoists it out of its loop.
+__device__ __forceinline__ bool ring_visible_em(int idx, int E, int Em, int C, int q, int context) {
   if (idx >= E) return false;
-  const int delta = idx - E % C;
+  const int delta = idx - Em;
   const int label = delta <= 0 ? E + delta : E + delta - C;
   return label >= 0 && q - label >= 0 && (context <= 0 || q - label < context);
+}
+__device__ __forceinline__ bool ring_visible(int idx, int E, int C, int q, int context) {
+  return ring_visible_em(idx, E, E % C, C, q, context);
 }
 
 }  // namespace ppx::kern

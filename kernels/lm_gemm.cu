@@ -389,18 +389,11 @@ __global__ void epilogue_kernel(GemvArgs a, const float* ws, int S) {
   const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= rows) return;
-  auto sum = [&](int col) {
+  gemv_impl::gemm_epilogue<OUT>(a, b, n, [&](int col) {
     float v = 0.f;
     for (int s = 0; s < S; ++s) v += ws[(static_cast<int64_t>(s) * a.B + b) * a.N + col];
-    return a.w_scale ? v * __ldg(a.w_scale + col) : v;
-  };
-  if constexpr (OUT == GemvOut::kGateUp) {
-    const float gg = __bfloat162float(__float2bfloat16(sum(n)));
-    const float uu = __bfloat162float(__float2bfloat16(sum(n + rows)));
-    a.y[b * a.y_stride + n] = __float2bfloat16(silu_mul(gg, uu));
-  } else {
-    gemv_impl::epilogue<OUT>(a, b, n, sum(n));
-  }
+    return v;
+  });
 }
 
 template <GemvIn IN>

@@ -326,32 +326,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  // lm_gemm.cu's epilogue_kernel, over the tile.
+  // lm_gemm.cu's epilogue kernel's end (gemv_impl::gemm_epilogue), over the tile: output n of the
+  // tile is its row n - n0 (kGateUp: gate row r at r - 64 p, its up row 64 further).
   GemvArgs o;
+  o.N = N;
+  o.w_scale = e.w_scale;
   o.y = e.y;
   o.yf = e.yf;
   o.y_stride = e.y_stride;
-  if (pair) {
-    const int h = N / 2;
-    for (int i = tid; i < B * 64; i += kThreads) {
-      const int b = i / 64, j = i % 64, r = blockIdx.x * 64 + j;
-      if (r >= h) continue;
-      float gg = sums[b * kRows + j], uu = sums[b * kRows + 64 + j];
-      if (e.w_scale) gg *= __ldg(e.w_scale + r), uu *= __ldg(e.w_scale + h + r);
-      gg = __bfloat162float(__float2bfloat16(gg));
-      uu = __bfloat162float(__float2bfloat16(uu));
-      e.y[b * e.y_stride + r] = __float2bfloat16(silu_mul(gg, uu));
-    }
-    return;
-  }
-  for (int i = tid; i < B * kRows; i += kThreads) {
-    const int b = i / kRows, n = n0 + i % kRows;
-    if (n >= N) continue;
-    const float v = e.w_scale ? sums[i] * __ldg(e.w_scale + n) : sums[i];
+  const int first = pair ? blockIdx.x * 64 : n0, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
+  for (int i = tid; i < B * outs; i += kThreads) {
+    const int b = i / outs, n = first + i % outs;
+    if (n >= end) continue;
+    const float* row = sums + b * kRows;
+    auto sum = [&](int col) { return row[col < end ? col - first : col - end - first + 64]; };
     switch (e.mode) {
-      case static_cast<int>(GemvOut::kStore): gemv_impl::epilogue<GemvOut::kStore>(o, b, n, v); break;
-      case static_cast<int>(GemvOut::kResidual): gemv_impl::epilogue<GemvOut::kResidual>(o, b, n, v); break;
-      default: gemv_impl::epilogue<GemvOut::kLogits>(o, b, n, v); break;
+      case static_cast<int>(GemvOut::kStore): gemv_impl::gemm_epilogue<GemvOut::kStore>(o, b, n, sum); break;
+      case static_cast<int>(GemvOut::kResidual): gemv_impl::gemm_epilogue<GemvOut::kResidual>(o, b, n, sum); break;
+      case static_cast<int>(GemvOut::kGateUp): gemv_impl::gemm_epilogue<GemvOut::kGateUp>(o, b, n, sum); break;
+      default: gemv_impl::gemm_epilogue<GemvOut::kLogits>(o, b, n, sum); break;
     }
   }
 #else

@@ -182,6 +182,24 @@ __device__ __forceinline__ void epilogue(const GemvArgs& a, int b, int n, float 
   }
 }
 
+// The batched GEMM's end for output n of batch row b (lm_gemm.cu's epilogue kernel, and the wgmma
+// kernel's own end under policy 8): sum(col) is weight row col's fp32 sum before its scale; the
+// scale, then `OUT`. kGateUp pairs rows n and n + N / 2, each rounded to bf16 before the SiLU.
+template <GemvOut OUT, typename Sum>
+__device__ __forceinline__ void gemm_epilogue(const GemvArgs& a, int b, int n, Sum&& sum) {
+  auto scaled = [&](int col) {
+    const float v = sum(col);
+    return a.w_scale ? v * __ldg(a.w_scale + col) : v;
+  };
+  if constexpr (OUT == GemvOut::kGateUp) {
+    const float gg = __bfloat162float(__float2bfloat16(scaled(n)));
+    const float uu = __bfloat162float(__float2bfloat16(scaled(n + a.N / 2)));
+    a.y[b * a.y_stride + n] = __float2bfloat16(silu_mul(gg, uu));
+  } else {
+    epilogue<OUT>(a, b, n, scaled(n));
+  }
+}
+
 // Row units: R consecutive rows (kGateUp: logical row n < N/2, i.e. weight rows n and n + N/2,
 // R == 2). Warp w of the grid computes units w, w + W, w + 2W, ... (W warps in the grid): the
 // launch sizes the grid to what is resident at once, so there is one wave and each block stages
