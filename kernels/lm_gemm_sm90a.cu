@@ -36,7 +36,7 @@ namespace ppx::kern::gemm_wg {
 namespace {
 
 constexpr int kKt = 64;        // k per stage (policy 4; policy 5 takes 128 where it fits)
-constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
+constexpr int kRows = kTileRows;  // weight rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
 // a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
@@ -193,9 +193,17 @@ struct Epi {
   int64_t y_stride = 0;
 };
 
-template <int NU, int KT>
+// The block's k-tiles are units [u0, u1) of the launch, unit u being k-tile u % (K / KT) of tile
+// u / (K / KT): under split-K (sk.units == 0) the grid is (tiles, S) and block (p, s) takes slice s
+// of tile p (its partial sums at slot s, times the slice's activation scales); under stream-K the
+// grid is sk.blocks and block i takes sk's range i, which may run over tile boundaries: at the end
+// of each tile's run of units the block writes that tile's partial sums at slot i - sk.first(tile)
+// (one activation scale a row: the launch stages one slice) and goes on with the next tile, the
+// copies running ahead across the boundary.
+template <int NU, int KT, bool kSK>
 __global__ void __launch_bounds__(kThreads, 1)
-    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
+    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e,
+              StreamK sk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
   constexpr int kStages = stages_of(NU, KT);
@@ -207,35 +215,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * kRows;
-  const int k0 = blockIdx.y * ks, ktiles = min(ks, K - k0) / KT;
+  const int ktt = K / KT;  // k-tiles a tile
+  int u0, u1;
+  if constexpr (kSK) {
+    u0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * sk.units / gridDim.x);
+    u1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * sk.units / gridDim.x);
+  } else {
+    u0 = blockIdx.x * ktt + blockIdx.y * (ks / KT);
+    u1 = blockIdx.x * ktt + min(ktt, (blockIdx.y + 1) * (ks / KT));
+  }
+  const int units = u1 - u0;
   const bool pair = e.mode == static_cast<int>(GemvOut::kGateUp);
-  // The weight row of the tile's row lr (0..127), or -1 where there is none (past N; kGateUp: past
+  // The weight row of tile p's row lr (0..127), or -1 where there is none (past N; kGateUp: past
   // the N / 2 pairs).
-  auto grow = [&](int lr) {
-    if (!pair) return n0 + lr < N ? n0 + lr : -1;
-    const int h = N / 2, r = blockIdx.x * 64 + (lr & 63);
+  auto grow = [&](int p, int lr) {
+    if (!pair) return p * kRows + lr < N ? p * kRows + lr : -1;
+    const int h = N / 2, r = p * 64 + (lr & 63);
     return r < h ? (lr < 64 ? r : h + r) : -1;
   };
-  // This thread's copy sources: rows past the end read row N - 1 (computed, not stored).
+  // This thread's copies: chunk tid + c * kThreads of a stage, row chunk / (KT / 16) of the tile
+  // (rows past the end read row N - 1: computed, not stored). Addressed at each issue: a tile may
+  // change between two (stream-K), and pointers kept across the loop cost registers the largest
+  // batches do not have.
   constexpr int kCopies = kRows * KT / 16 / kThreads;
-  const int8_t* wsrc[kCopies];
-#pragma unroll
-  for (int c = 0; c < kCopies; ++c) {
-    const int chunk = tid + c * kThreads, n = grow(chunk / (KT / 16));
-    wsrc[c] = w + static_cast<int64_t>(n < 0 ? N - 1 : n) * K + k0 + (chunk % (KT / 16)) * 16;
-  }
-
   auto issue = [&](int it) {
-    if (it < ktiles) {
-      const int kg = k0 + it * KT;
+    if (it < units) {
+      const int u = u0 + it, p = u / ktt, kk = u - p * ktt;
       unsigned char* wd = wst + (it % kStages) * kWStage;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
-        const int chunk = tid + c * kThreads, row = chunk / (KT / 16), col = chunk % (KT / 16);
-        cp_async16(wd + row * kWPitch + col * 16, wsrc[c] + it * KT, true);
+        const int chunk = tid + c * kThreads, row = chunk / (KT / 16), col = chunk % (KT / 16), n = grow(p, row);
+        cp_async16(wd + row * kWPitch + col * 16, w + static_cast<int64_t>(n < 0 ? N - 1 : n) * K + kk * KT + col * 16, true);
       }
-      const __half* xsrc = xw + static_cast<int64_t>(kg / KT) * kXStage;
+      const __half* xsrc = xw + static_cast<int64_t>(kk) * kXStage;
       __half* xd = xst + (it % kStages) * kXStage;
       for (int c = tid; c < kXStage / 8; c += kThreads) cp_async16(xd + c * 8, xsrc + c * 8, true);
     }
@@ -251,6 +263,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
   uint32_t fr[2][KT / 16][4];
+  // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
+  // (q & 1) (the m16n8 fragment order, repeated along N).
+  const int lb = warp * 16 + g;
+  // The partial sums of the tile whose last unit of this block is it, times the activation scales
+  // (split-K: slot and scales of slice blockIdx.y; stream-K: one slice), then a fresh sum.
+  auto flush = [&](int it) {
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+    const int p = (u0 + it) / ktt;
+    const int slot = kSK ? static_cast<int>(blockIdx.x) - sk.first(p) : static_cast<int>(blockIdx.y);
+    const float* sc = xscale + (kSK ? 0 : blockIdx.y * kMaxRows);
+#pragma unroll
+    for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int b = 8 * j + 2 * t + (q & 1), n = grow(p, lb + (q >= 2 ? 8 : 0));
+        if (b < B && n >= 0) ws[(static_cast<int64_t>(slot) * B + b) * N + n] = acc[4 * j + q] * sc[b];
+        acc[4 * j + q] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+  };
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
   auto tile = [&](auto set, int it) {
@@ -283,36 +319,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+    // Stream-K: a tile's last unit of this block; its partial sums go before the next tile's MMAs.
+    if constexpr (kSK)
+      if (it + 1 == units || (u0 + it + 1) % ktt == 0) flush(it);
   };
   int it = 0;
-  for (; it + 1 < ktiles; it += 2) {
+  for (; it + 1 < units; it += 2) {
     tile(std::integral_constant<int, 0>{}, it);
     tile(std::integral_constant<int, 1>{}, it + 1);
   }
-  if (it < ktiles) tile(std::integral_constant<int, 0>{}, it);
+  if (it < units) tile(std::integral_constant<int, 0>{}, it);
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
-  // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
-  // (q & 1) (the m16n8 fragment order, repeated along N).
-  const int lb = warp * 16 + g;
+  if constexpr (kSK) {
+    return;  // every tile's partial sums are out
+  } else if (e.mode < 0) {
+    flush(units - 1);
+    return;
+  }
   // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
   // once every warp is past its last MMA.
   static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= smem_bytes(NU, KT), "the sums fit the stages");
   float* sums = reinterpret_cast<float*>(smem);
-  if (e.mode < 0) {
-#pragma unroll
-    for (int j = 0; j < 2 * NU; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int b = 8 * j + 2 * t + (q & 1), n = grow(lb + (q >= 2 ? 8 : 0));
-        if (b < B && n >= 0)
-          ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
-      }
-    }
-    return;
-  }
   // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p with p rounded first (no FMA
   // contraction), as policy 5 stores p and the epilogue kernel adds it to 0: the same bits, a
   // negative zero's sign included.
@@ -327,14 +357,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   // lm_gemm.cu's epilogue kernel's end (gemv_impl::gemm_epilogue), over the tile: output n of the
-  // tile is its row n - n0 (kGateUp: gate row r at r - 64 p, its up row 64 further).
+  // tile is its row n - 128 p (kGateUp: gate row r at r - 64 p, its up row 64 further).
   GemvArgs o;
   o.N = N;
   o.w_scale = e.w_scale;
   o.y = e.y;
   o.yf = e.yf;
   o.y_stride = e.y_stride;
-  const int first = pair ? blockIdx.x * 64 : n0, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
+  const int first = pair ? blockIdx.x * 64 : blockIdx.x * kRows, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
   for (int i = tid; i < B * outs; i += kThreads) {
     const int b = i / outs, n = first + i % outs;
     if (n >= end) continue;
@@ -348,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #else
-  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
+  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e, (void)sk;
   __trap();
 #endif
 }
@@ -361,11 +391,21 @@ __global__ void probe_kernel(int* out) {
 #endif
 }
 
-using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
+using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, const StreamK&,
+                          cudaStream_t);
 template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
-               cudaStream_t s) {
-  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
+               const StreamK& sk, cudaStream_t s) {
+  if constexpr (KT == 128) {
+    if (sk.units > 0) {
+      wg_kernel<NU, KT, true><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B,
+                                                                         a.gemm.ws, e, sk);
+      return;
+    }
+  }
+  if (sk.units > 0) throw std::logic_error("gemm_wg: stream-K runs k-tiles of 128 only");
+  wg_kernel<NU, KT, false><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws,
+                                                                      e, sk);
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
@@ -375,12 +415,15 @@ constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
 template <int NU, bool kWide>
 bool set_one() {
   constexpr int KT = kt_of(NU, kWide);
-  if (cudaFuncSetAttribute(wg_kernel<NU, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem_bytes(NU, KT))) != cudaSuccess)
+  const int smem = static_cast<int>(smem_bytes(NU, KT));
+  if (cudaFuncSetAttribute(wg_kernel<NU, KT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
     return false;
+  if constexpr (KT == 128) {  // the stream-K kernel (launch_nu)
+    if (cudaFuncSetAttribute(wg_kernel<NU, KT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+      return false;
+  }
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT>, kThreads, smem_bytes(NU, KT)) !=
-      cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT, false>, kThreads, smem) != cudaSuccess)
     return false;
   g_occ[kWide ? 1 : 0][NU - 1] = std::max(occ, 1);
   return true;
@@ -430,28 +473,44 @@ int tiles_of(const GemvArgs& a, int out) {
   return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
 }
 
-int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
-  if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
+namespace {
+
+// What plan() and plan_stream_k() need: the launch's k-tiles a tile, resident blocks, tiles and
+// the partial-sum slots the scratch holds; false where the wgmma GEMM cannot run the launch.
+struct Shape {
+  int kt = 0, R = 0, tiles = 0;
+  size_t slots = 0;
+};
+bool shape_of(const GemvArgs& a, int B, int sms, bool wide, int out, Shape& sh) {
+  if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return false;
   const int KT = kt_for((B + 15) / 16, wide, a.K);
-  if (a.K % KT != 0) return 0;
+  if (a.K % KT != 0) return false;
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
-    return 0;
-  if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return 0;  // the scales sit at its end
-  const int kt = a.K / KT;
-  const size_t s_ws = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
-  if (s_ws < 1) return 0;
+    return false;
+  if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return false;  // the scales sit at its end
+  sh.kt = a.K / KT;
+  sh.slots = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
+  sh.tiles = tiles_of(a, out);
+  sh.R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
+  return sh.slots >= 1;
+}
+
+}  // namespace
+
+int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
+  Shape sh;
+  if (!shape_of(a, B, sms, wide, out, sh)) return 0;
   // K slices: the count with the least estimated time, in units of the time the weights take at the
   // full memory bandwidth. Blocks run in waves of R = sms x resident blocks an SM, and a wave of A
   // blocks draws min(1, A / R) of the bandwidth (v0.25 measured a lone block bound by its MMA and
   // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
-  const int tiles = tiles_of(a, out);
-  const int R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
+  const int kt = sh.kt, R = sh.R, tiles = sh.tiles;
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
-  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, kMaxSlices}); ++S) {
+  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(sh.slots, 64)), kt, kMaxSlices}); ++S) {
     const int per = (kt + S - 1) / S;
     if ((kt + per - 1) / per != S) continue;  // another count gives this slice length
     const int blocks = tiles * S, full = blocks / R, rest = blocks % R;
@@ -463,8 +522,26 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
-  if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
+StreamK plan_stream_k(const GemvArgs& a, int B, int sms) {
+  Shape sh;
+  StreamK sk;
+  if (!shape_of(a, B, sms, true, -1, sh)) return sk;
+  if (kt_for((B + 15) / 16, true, a.K) != 128) return sk;  // the stream-K kernels take k-tiles of 128 (up to 128 rows)
+  const int64_t units = static_cast<int64_t>(sh.tiles) * sh.kt;
+  if (units > (int64_t{1} << 30)) return sk;
+  StreamK c;
+  c.units = static_cast<int>(units);
+  c.ktt = sh.kt;
+  c.blocks = static_cast<int>(std::min<int64_t>(sh.R, units));
+  int slots = 0;
+  for (int p = 0; p < sh.tiles; ++p) slots = std::max(slots, c.segments(p));
+  if (static_cast<size_t>(slots) > sh.slots) return sk;  // the partial sums do not fit the scratch
+  return c;
+}
+
+namespace {
+
+void run(GemvIn in, const GemvArgs& a, int S, bool wide, int out, const StreamK& sk, cudaStream_t s) {
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -479,7 +556,7 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid(tiles_of(a, out), S);
+  const dim3 grid = sk.units > 0 ? dim3(sk.blocks) : dim3(tiles_of(a, out), S);
   Epi e;
   if (out >= 0) {
     e.mode = out;
@@ -489,9 +566,22 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     e.y_stride = a.y_stride;
   }
   if (wide)
-    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
+    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, sk, s);
   else
-    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
+    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, sk, s);
+}
+
+}  // namespace
+
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
+  if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
+  run(in, a, S, wide, out, StreamK{}, s);
+}
+
+void launch_stream_k(GemvIn in, const GemvArgs& a, const StreamK& sk, cudaStream_t s) {
+  if (sk.units <= 0 || sk.blocks <= 0 || sk.ktt <= 0)
+    throw std::runtime_error("gemm_wg::launch_stream_k: no stream-K plan (plan_stream_k() returned none)");
+  run(in, a, 1, true, -1, sk, s);
 }
 
 }  // namespace ppx::kern::gemm_wg
