@@ -171,12 +171,18 @@ __device__ __forceinline__ void wgmma_n16(float* d, const uint32_t* a, uint64_t 
       : "memory");
 }
 
-// One k16 step over all NU x 16 batch columns: the step's slab holds NU x 2 groups of 8 rows.
+// One k16 step over all NU x 16 batch columns: the step's slab holds NU x 2 groups of 8 rows, at
+// descriptor `desc` (its start address in 16-byte units in the low bits: a byte offset below the
+// 256 KB of shared memory is added as offset / 16 without a carry out of the field).
 template <int NU>
-__device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, const __half* slab) {
+__device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, uint64_t desc) {
 #pragma unroll
-  for (int i = 0; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, b_desc(slab + i * 4 * 128));
-  if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, b_desc(slab + (NU / 2) * 4 * 128));
+  for (int i = 0; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, desc + i * 4 * 128 * 2 / 16);
+  if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, desc + (NU / 2) * 4 * 128 * 2 / 16);
+}
+// cp.async of 16 bytes to a shared-space address.
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
 #endif
@@ -233,23 +239,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int h = N / 2, r = p * 64 + (lr & 63);
     return r < h ? (lr < 64 ? r : h + r) : -1;
   };
-  // This thread's copies: chunk tid + c * kThreads of a stage, row chunk / (KT / 16) of the tile
-  // (rows past the end read row N - 1: computed, not stored). Addressed at each issue: a tile may
-  // change between two (stream-K), and pointers kept across the loop cost registers the largest
-  // batches do not have.
-  constexpr int kCopies = kRows * KT / 16 / kThreads;
+  // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
+  // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
+  // way. The copies are issued in unit order, so their place (tile, k-tile, stage) advances by
+  // one each issue; the rows' offsets change with the tile (rows past the end read row N - 1:
+  // computed, not stored; plan() keeps N x K below 2^31).
+  constexpr int kCopies = kRows * KT / 16 / kThreads, kRowStep = kThreads / (KT / 16);
+  static_assert(kThreads % (KT / 16) == 0, "whole rows per copy step");
+  constexpr int kXChunks = kXStage / 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;
+  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t w_dst = s_base + (tid / (KT / 16)) * kWPitch + (tid % (KT / 16)) * 16;
+  const uint32_t x_dst = s_base + kStages * kWStage + tid * 16;
+  const __half* x_src = xw + tid * 8;
+  int roff[kCopies];
+  auto rows_of = [&](int p) {
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c) {
+      const int n = grow(p, tid / (KT / 16) + c * kRowStep);
+      roff[c] = (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
+    }
+  };
+  int is_p = u0 / ktt, is_kk = u0 - is_p * ktt, is_stage = 0;
+  rows_of(is_p);
   auto issue = [&](int it) {
     if (it < units) {
-      const int u = u0 + it, p = u / ktt, kk = u - p * ktt;
-      unsigned char* wd = wst + (it % kStages) * kWStage;
+      const int8_t* wk = w + is_kk * KT;
+      const uint32_t wd = w_dst + is_stage * kWStage;
 #pragma unroll
-      for (int c = 0; c < kCopies; ++c) {
-        const int chunk = tid + c * kThreads, row = chunk / (KT / 16), col = chunk % (KT / 16), n = grow(p, row);
-        cp_async16(wd + row * kWPitch + col * 16, w + static_cast<int64_t>(n < 0 ? N - 1 : n) * K + kk * KT + col * 16, true);
+      for (int c = 0; c < kCopies; ++c) cp_async16_s(wd + c * kRowStep * kWPitch, wk + roff[c]);
+      const __half* xs = x_src + is_kk * kXStage;
+      const uint32_t xd = x_dst + is_stage * (kXStage * 2);
+#pragma unroll
+      for (int c = 0; c < kXCopies; ++c)
+        if (kXChunks % kThreads == 0 || tid + c * kThreads < kXChunks) cp_async16_s(xd + c * kThreads * 16, xs + c * kThreads * 8);
+      is_stage = is_stage + 1 == kStages ? 0 : is_stage + 1;
+      if (++is_kk == ktt) {
+        is_kk = 0;
+        ++is_p;
+        if constexpr (kSK) {
+          if (it + 1 < units) rows_of(is_p);
+        }
       }
-      const __half* xsrc = xw + static_cast<int64_t>(kk) * kXStage;
-      __half* xd = xst + (it % kStages) * kXStage;
-      for (int c = tid; c < kXStage / 8; c += kThreads) cp_async16(xd + c * 8, xsrc + c * 8, true);
     }
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
@@ -289,6 +319,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
+  // The stage tile it reads (it % kStages, advanced by one a tile) and the descriptor base of
+  // activations of stage 0.
+  int cs = 0;
+  const uint64_t x_desc = b_desc(xst);
+  int c_kk = u0 % ktt;  // stream-K: the k-tile within its tile of the unit tile() takes
   auto tile = [&](auto set, int it) {
     constexpr int f = decltype(set)::value;
     cp_async_wait<kAhead - 1>();
@@ -297,8 +332,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (each waited for all but its newest group at the end of tile it - 1), so its stage is free.
     __syncthreads();
     issue(it + kAhead);
-    const unsigned char* wr = wst + (it % kStages) * kWStage + (warp * 16 + g) * kWPitch;
-    const __half* xs = xst + (it % kStages) * kXStage;
+    const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWPitch;
+    const uint64_t xs = x_desc + static_cast<uint32_t>(cs * (kXStage * 2 / 16));
+    cs = cs + 1 == kStages ? 0 : cs + 1;
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
     // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), into the
@@ -314,14 +350,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wg_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128);
+    for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
     wg_commit();
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
     // Stream-K: a tile's last unit of this block; its partial sums go before the next tile's MMAs.
-    if constexpr (kSK)
-      if (it + 1 == units || (u0 + it + 1) % ktt == 0) flush(it);
+    if constexpr (kSK) {
+      const bool tile_end = ++c_kk == ktt;
+      if (tile_end) c_kk = 0;
+      if (tile_end || it + 1 == units) flush(it);
+    }
   };
   int it = 0;
   for (; it + 1 < units; it += 2) {
@@ -489,6 +528,7 @@ bool shape_of(const GemvArgs& a, int B, int sms, bool wide, int out, Shape& sh) 
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
     return false;
   if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return false;  // the scales sit at its end
+  if (static_cast<int64_t>(a.N) * a.K >= (int64_t{1} << 31)) return false;  // the kernel's 32-bit row offsets
   sh.kt = a.K / KT;
   sh.slots = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
   sh.tiles = tiles_of(a, out);
