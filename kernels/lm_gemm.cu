@@ -382,18 +382,16 @@ __global__ void __launch_bounds__(kRwThreads) gemm_rw_kernel(const void* wbase, 
   cp_async_wait<0>();
 }
 
-// Sums the S partials of each output (stream-K: its tile's segments) and applies the row scale and
-// the GEMV's epilogue.
+// Sums the S partials of each output and applies the row scale and the GEMV's epilogue.
 template <GemvOut OUT>
-__global__ void epilogue_kernel(GemvArgs a, const float* ws, int S, gemm_wg::StreamK sk) {
+__global__ void epilogue_kernel(GemvArgs a, const float* ws, int S) {
   const int b = blockIdx.y;
   const int rows = OUT == GemvOut::kGateUp ? a.N / 2 : a.N;
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= rows) return;
   gemv_impl::gemm_epilogue<OUT>(a, b, n, [&](int col) {
-    const int slots = sk.units > 0 ? sk.segments(col / gemm_wg::kTileRows) : S;
     float v = 0.f;
-    for (int s = 0; s < slots; ++s) v += ws[(static_cast<int64_t>(s) * a.B + b) * a.N + col];
+    for (int s = 0; s < S; ++s) v += ws[(static_cast<int64_t>(s) * a.B + b) * a.N + col];
     return v;
   });
 }
@@ -496,8 +494,8 @@ void init() {
 namespace ppx::kern {
 void gemm_set_policy(int policy) {
   using namespace gemm_impl;
-  if (policy < 0 || policy > 10 || policy == 7 || policy == 9)
-    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6, 8 and 10)");
+  if (policy < 0 || policy > 8 || policy == 7)
+    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6 and 8)");
   if (policy == 3 && g_blas == nullptr) {
     if (g_blas_ws == nullptr && cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess) {
       g_blas_ws = nullptr;
@@ -505,7 +503,7 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  const bool wg = policy == 4 || policy == 5 || policy == 8 || policy == 10;
+  const bool wg = policy == 4 || policy == 5 || policy == 8;
   if (wg && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
   if (wg && !gemm_wg::available())
     throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
@@ -560,14 +558,14 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     x = a.gemm.xstage;
     xs = a.K;
   };
-  auto epilogue = [&](const GemvArgs& c, int S, const gemm_wg::StreamK& sk = {}) {
+  auto epilogue = [&](const GemvArgs& c, int S) {
     const int rows = out == GemvOut::kGateUp ? a.N / 2 : a.N;
     const dim3 eg((rows + 127) / 128, c.B);
     switch (out) {
-      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S, sk); break;
-      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S, sk); break;
-      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S, sk); break;
-      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S, sk); break;
+      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
+      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
     }
   };
   // Policy 3 (gemm_set_policy; an experiment, not shipped): cuBLAS's bf16 GEMM over all B rows,
@@ -600,9 +598,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
   // Policy 8: policy 5, ending in its own epilogue where the launch runs one K slice.
-  // Policy 10: stream-K (one wave of blocks over every tile's k-tiles) wherever it can run, else 8.
-  const bool wide = policy == 5 || policy == 8 || policy == 10;
-  const int fout = policy == 8 || policy == 10 ? static_cast<int>(out) : -1;
+  const bool wide = policy == 5 || policy == 8;
+  const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
@@ -613,14 +610,6 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.x_out) c.x_out = a.x_out + static_cast<int64_t>(b0) * a.K;
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
-      if (policy == 10) {
-        const gemm_wg::StreamK sk = gemm_wg::plan_stream_k(c, c.B, sms);
-        if (sk.units > 0) {
-          gemm_wg::launch_stream_k(in, c, sk, s);
-          epilogue(c, 1, sk);
-          continue;
-        }
-      }
       // Policy 8 fuses where policy 5's plan runs one K slice, so it computes what 5 computes.
       const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
       const int fo = S == 1 ? fout : -1;

@@ -36,7 +36,7 @@ namespace ppx::kern::gemm_wg {
 namespace {
 
 constexpr int kKt = 64;        // k per stage (policy 4; policy 5 takes 128 where it fits)
-constexpr int kRows = kTileRows;  // weight rows per block: two warpgroups of 64
+constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
 // a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
@@ -199,17 +199,12 @@ struct Epi {
   int64_t y_stride = 0;
 };
 
-// The block's k-tiles are units [u0, u1) of the launch, unit u being k-tile u % (K / KT) of tile
-// u / (K / KT): under split-K (sk.units == 0) the grid is (tiles, S) and block (p, s) takes slice s
-// of tile p (its partial sums at slot s, times the slice's activation scales); under stream-K the
-// grid is sk.blocks and block i takes sk's range i, which may run over tile boundaries: at the end
-// of each tile's run of units the block writes that tile's partial sums at slot i - sk.first(tile)
-// (one activation scale a row: the launch stages one slice) and goes on with the next tile, the
-// copies running ahead across the boundary.
-template <int NU, int KT, bool kSK>
+// The grid is (tiles, S): block (p, s) takes k-tiles [s ks / KT, (s + 1) ks / KT) of tile p and
+// writes its partial sums at slot s, times slice s's activation scales (or, under policy 8 with one
+// slice, applies the epilogue).
+template <int NU, int KT>
 __global__ void __launch_bounds__(kThreads, 1)
-    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e,
-              StreamK sk) {
+    wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBp = NU * 16;
   constexpr int kStages = stages_of(NU, KT);
@@ -221,29 +216,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int ktt = K / KT;  // k-tiles a tile
-  int u0, u1;
-  if constexpr (kSK) {
-    u0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * sk.units / gridDim.x);
-    u1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * sk.units / gridDim.x);
-  } else {
-    u0 = blockIdx.x * ktt + blockIdx.y * (ks / KT);
-    u1 = blockIdx.x * ktt + min(ktt, (blockIdx.y + 1) * (ks / KT));
-  }
-  const int units = u1 - u0;
+  const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
+  const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
   const bool pair = e.mode == static_cast<int>(GemvOut::kGateUp);
   // The weight row of tile p's row lr (0..127), or -1 where there is none (past N; kGateUp: past
   // the N / 2 pairs).
-  auto grow = [&](int p, int lr) {
+  auto grow = [&](int lr) {
     if (!pair) return p * kRows + lr < N ? p * kRows + lr : -1;
     const int h = N / 2, r = p * 64 + (lr & 63);
     return r < h ? (lr < 64 ? r : h + r) : -1;
   };
   // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
   // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
-  // way. The copies are issued in unit order, so their place (tile, k-tile, stage) advances by
-  // one each issue; the rows' offsets change with the tile (rows past the end read row N - 1:
-  // computed, not stored; plan() keeps N x K below 2^31).
+  // way, from bases advanced a k-tile and a stage at each issue (rows past the end read row N - 1:
+  // computed, not stored; plan() keeps N x K below 2^31 for the 32-bit row offsets).
   constexpr int kCopies = kRows * KT / 16 / kThreads, kRowStep = kThreads / (KT / 16);
   static_assert(kThreads % (KT / 16) == 0, "whole rows per copy step");
   constexpr int kXChunks = kXStage / 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;
@@ -252,15 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t x_dst = s_base + kStages * kWStage + tid * 16;
   const __half* x_src = xw + tid * 8;
   int roff[kCopies];
-  auto rows_of = [&](int p) {
 #pragma unroll
-    for (int c = 0; c < kCopies; ++c) {
-      const int n = grow(p, tid / (KT / 16) + c * kRowStep);
-      roff[c] = (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
-    }
-  };
-  int is_p = u0 / ktt, is_kk = u0 - is_p * ktt, is_stage = 0;
-  rows_of(is_p);
+  for (int c = 0; c < kCopies; ++c) {
+    const int n = grow(tid / (KT / 16) + c * kRowStep);
+    roff[c] = (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
+  }
+  int is_kk = kk0, is_stage = 0;
   auto issue = [&](int it) {
     if (it < units) {
       const int8_t* wk = w + is_kk * KT;
@@ -273,13 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < kXCopies; ++c)
         if (kXChunks % kThreads == 0 || tid + c * kThreads < kXChunks) cp_async16_s(xd + c * kThreads * 16, xs + c * kThreads * 8);
       is_stage = is_stage + 1 == kStages ? 0 : is_stage + 1;
-      if (++is_kk == ktt) {
-        is_kk = 0;
-        ++is_p;
-        if constexpr (kSK) {
-          if (it + 1 < units) rows_of(is_p);
-        }
-      }
+      ++is_kk;
     }
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
@@ -296,34 +273,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
   // (q & 1) (the m16n8 fragment order, repeated along N).
   const int lb = warp * 16 + g;
-  // The partial sums of the tile whose last unit of this block is it, times the activation scales
-  // (split-K: slot and scales of slice blockIdx.y; stream-K: one slice), then a fresh sum.
-  auto flush = [&](int it) {
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-    const int p = (u0 + it) / ktt;
-    const int slot = kSK ? static_cast<int>(blockIdx.x) - sk.first(p) : static_cast<int>(blockIdx.y);
-    const float* sc = xscale + (kSK ? 0 : blockIdx.y * kMaxRows);
-#pragma unroll
-    for (int j = 0; j < 2 * NU; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int b = 8 * j + 2 * t + (q & 1), n = grow(p, lb + (q >= 2 ? 8 : 0));
-        if (b < B && n >= 0) ws[(static_cast<int64_t>(slot) * B + b) * N + n] = acc[4 * j + q] * sc[b];
-        acc[4 * j + q] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-  };
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
   // The stage tile it reads (it % kStages, advanced by one a tile) and the descriptor base of
   // activations of stage 0.
   int cs = 0;
   const uint64_t x_desc = b_desc(xst);
-  int c_kk = u0 % ktt;  // stream-K: the k-tile within its tile of the unit tile() takes
   auto tile = [&](auto set, int it) {
     constexpr int f = decltype(set)::value;
     cp_async_wait<kAhead - 1>();
@@ -355,12 +310,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-    // Stream-K: a tile's last unit of this block; its partial sums go before the next tile's MMAs.
-    if constexpr (kSK) {
-      const bool tile_end = ++c_kk == ktt;
-      if (tile_end) c_kk = 0;
-      if (tile_end || it + 1 == units) flush(it);
-    }
   };
   int it = 0;
   for (; it + 1 < units; it += 2) {
@@ -372,10 +321,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
-  if constexpr (kSK) {
-    return;  // every tile's partial sums are out
-  } else if (e.mode < 0) {
-    flush(units - 1);
+  if (e.mode < 0) {  // the partial sums of slice blockIdx.y, times its activation scales
+#pragma unroll
+    for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int b = 8 * j + 2 * t + (q & 1), n = grow(lb + (q >= 2 ? 8 : 0));
+        if (b < B && n >= 0)
+          ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
+      }
+    }
     return;
   }
   // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
@@ -417,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #else
-  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e, (void)sk;
+  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
   __trap();
 #endif
 }
@@ -430,21 +385,11 @@ __global__ void probe_kernel(int* out) {
 #endif
 }
 
-using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, const StreamK&,
-                          cudaStream_t);
+using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
 template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
-               const StreamK& sk, cudaStream_t s) {
-  if constexpr (KT == 128) {
-    if (sk.units > 0) {
-      wg_kernel<NU, KT, true><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B,
-                                                                         a.gemm.ws, e, sk);
-      return;
-    }
-  }
-  if (sk.units > 0) throw std::logic_error("gemm_wg: stream-K runs k-tiles of 128 only");
-  wg_kernel<NU, KT, false><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws,
-                                                                      e, sk);
+               cudaStream_t s) {
+  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
@@ -454,15 +399,12 @@ constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
 template <int NU, bool kWide>
 bool set_one() {
   constexpr int KT = kt_of(NU, kWide);
-  const int smem = static_cast<int>(smem_bytes(NU, KT));
-  if (cudaFuncSetAttribute(wg_kernel<NU, KT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+  if (cudaFuncSetAttribute(wg_kernel<NU, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes(NU, KT))) != cudaSuccess)
     return false;
-  if constexpr (KT == 128) {  // the stream-K kernel (launch_nu)
-    if (cudaFuncSetAttribute(wg_kernel<NU, KT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-      return false;
-  }
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT, false>, kThreads, smem) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT>, kThreads, smem_bytes(NU, KT)) !=
+      cudaSuccess)
     return false;
   g_occ[kWide ? 1 : 0][NU - 1] = std::max(occ, 1);
   return true;
@@ -512,45 +454,29 @@ int tiles_of(const GemvArgs& a, int out) {
   return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
 }
 
-namespace {
-
-// What plan() and plan_stream_k() need: the launch's k-tiles a tile, resident blocks, tiles and
-// the partial-sum slots the scratch holds; false where the wgmma GEMM cannot run the launch.
-struct Shape {
-  int kt = 0, R = 0, tiles = 0;
-  size_t slots = 0;
-};
-bool shape_of(const GemvArgs& a, int B, int sms, bool wide, int out, Shape& sh) {
-  if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return false;
+int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
+  if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
   const int KT = kt_for((B + 15) / 16, wide, a.K);
-  if (a.K % KT != 0) return false;
+  if (a.K % KT != 0) return 0;
+  if (static_cast<int64_t>(a.N) * a.K >= (int64_t{1} << 31)) return 0;  // the kernel's 32-bit row offsets
   const size_t bp = static_cast<size_t>((B + 15) / 16 * 16);
   if (a.gemm.xstage == nullptr || a.gemm.ws == nullptr || a.gemm.xstage_elems < bp * static_cast<size_t>(a.K))
-    return false;
-  if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return false;  // the scales sit at its end
-  if (static_cast<int64_t>(a.N) * a.K >= (int64_t{1} << 31)) return false;  // the kernel's 32-bit row offsets
-  sh.kt = a.K / KT;
-  sh.slots = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
-  sh.tiles = tiles_of(a, out);
-  sh.R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
-  return sh.slots >= 1;
-}
-
-}  // namespace
-
-int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
-  Shape sh;
-  if (!shape_of(a, B, sms, wide, out, sh)) return 0;
+    return 0;
+  if (a.gemm.ws_floats <= static_cast<size_t>(kScaleFloats)) return 0;  // the scales sit at its end
+  const int kt = a.K / KT;
+  const size_t s_ws = (a.gemm.ws_floats - kScaleFloats) / (static_cast<size_t>(B) * static_cast<size_t>(a.N));
+  if (s_ws < 1) return 0;
   // K slices: the count with the least estimated time, in units of the time the weights take at the
   // full memory bandwidth. Blocks run in waves of R = sms x resident blocks an SM, and a wave of A
   // blocks draws min(1, A / R) of the bandwidth (v0.25 measured a lone block bound by its MMA and
   // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
-  const int kt = sh.kt, R = sh.R, tiles = sh.tiles;
+  const int tiles = tiles_of(a, out);
+  const int R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
-  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(sh.slots, 64)), kt, kMaxSlices}); ++S) {
+  for (int S = 1; S <= std::min<int>({static_cast<int>(std::min<size_t>(s_ws, 64)), kt, kMaxSlices}); ++S) {
     const int per = (kt + S - 1) / S;
     if ((kt + per - 1) / per != S) continue;  // another count gives this slice length
     const int blocks = tiles * S, full = blocks / R, rest = blocks % R;
@@ -562,26 +488,8 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   return best_s;
 }
 
-StreamK plan_stream_k(const GemvArgs& a, int B, int sms) {
-  Shape sh;
-  StreamK sk;
-  if (!shape_of(a, B, sms, true, -1, sh)) return sk;
-  if (kt_for((B + 15) / 16, true, a.K) != 128) return sk;  // the stream-K kernels take k-tiles of 128 (up to 128 rows)
-  const int64_t units = static_cast<int64_t>(sh.tiles) * sh.kt;
-  if (units > (int64_t{1} << 30)) return sk;
-  StreamK c;
-  c.units = static_cast<int>(units);
-  c.ktt = sh.kt;
-  c.blocks = static_cast<int>(std::min<int64_t>(sh.R, units));
-  int slots = 0;
-  for (int p = 0; p < sh.tiles; ++p) slots = std::max(slots, c.segments(p));
-  if (static_cast<size_t>(slots) > sh.slots) return sk;  // the partial sums do not fit the scratch
-  return c;
-}
-
-namespace {
-
-void run(GemvIn in, const GemvArgs& a, int S, bool wide, int out, const StreamK& sk, cudaStream_t s) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
+  if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -596,7 +504,7 @@ void run(GemvIn in, const GemvArgs& a, int S, bool wide, int out, const StreamK&
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid = sk.units > 0 ? dim3(sk.blocks) : dim3(tiles_of(a, out), S);
+  const dim3 grid(tiles_of(a, out), S);
   Epi e;
   if (out >= 0) {
     e.mode = out;
@@ -606,22 +514,9 @@ void run(GemvIn in, const GemvArgs& a, int S, bool wide, int out, const StreamK&
     e.y_stride = a.y_stride;
   }
   if (wide)
-    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, sk, s);
+    launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else
-    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, sk, s);
-}
-
-}  // namespace
-
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
-  if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
-  run(in, a, S, wide, out, StreamK{}, s);
-}
-
-void launch_stream_k(GemvIn in, const GemvArgs& a, const StreamK& sk, cudaStream_t s) {
-  if (sk.units <= 0 || sk.blocks <= 0 || sk.ktt <= 0)
-    throw std::runtime_error("gemm_wg::launch_stream_k: no stream-K plan (plan_stream_k() returned none)");
-  run(in, a, 1, true, -1, sk, s);
+    launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
 }
 
 }  // namespace ppx::kern::gemm_wg

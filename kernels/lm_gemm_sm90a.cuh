@@ -1,4 +1,4 @@
-// GEMM policies 4, 5, 8 and 10 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
+// GEMM policies 4, 5 and 8 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
 // batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
@@ -23,24 +23,6 @@ constexpr int kMaxSlices = 16;  // K slices of one launch
 // The activation scales, one a batch row and K slice, sit at the end of GemmScratch::ws.
 constexpr int kScaleFloats = kMaxRows * kMaxSlices;
 
-constexpr int kTileRows = 128;  // weight rows (outputs) of a tile, one block's at a time
-
-// Stream-K (policy 10): a launch's work is its units, k-tile kk of tile p being unit p x ktt + kk
-// (ktt = K / the k-tile), split evenly over `blocks` blocks (one wave): block i takes units
-// [i U / G, (i + 1) U / G) and writes, for each tile its range meets, that tile's partial sums at
-// slot i - first(tile); a tile's sum is its segments(tile) slots (lm_gemm.cu's epilogue kernel).
-struct StreamK {
-  int units = 0;   // U = tiles x ktt; 0: no stream-K
-  int ktt = 0;     // k-tiles a tile
-  int blocks = 0;  // G
-  // The block whose range holds unit u.
-  __host__ __device__ int block_of(int u) const {
-    return static_cast<int>((static_cast<long long>(u + 1) * blocks + units - 1) / units) - 1;
-  }
-  __host__ __device__ int first(int tile) const { return block_of(tile * ktt); }
-  __host__ __device__ int segments(int tile) const { return block_of(tile * ktt + ktt - 1) - first(tile) + 1; }
-};
-
 // Probes once whether this device runs the sm_90a kernels (called by gemv_init()).
 void init();
 bool available();
@@ -56,12 +38,5 @@ int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
 // epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
 void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
-// The stream-K split of a launch of B rows of `a`'s shape over one wave of blocks, or units == 0
-// where plan() would return 0, where policy 5 would not take k-tiles of 128 (above 128 rows, or K %
-// 128 != 0), or where the partial sums of the tile met by the most blocks do not fit GemmScratch::ws.
-StreamK plan_stream_k(const GemvArgs& a, int B, int sms);
-// Stages `a`'s rows as one K slice, then writes the partial sums of plan_stream_k()'s split (the
-// epilogue is lm_gemm.cu's, over each tile's segments). std::runtime_error without a split.
-void launch_stream_k(GemvIn in, const GemvArgs& a, const StreamK& sk, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg
