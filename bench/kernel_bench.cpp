@@ -437,10 +437,9 @@ int bench(int argc, char** argv) {
                  "batched GEMM kernel: 0 the mma.sync kernel, 1 16 warps a block (two per row group), 2 row warps "
                  "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights, 4 int8 weights on wgmma "
                  "(H100 / H200; 5 the same with k-tiles of 128 up to 128 rows), 6 as shipped (8 from 40 rows "
-                 "where it runs, else 0), 8 policy 5 with the epilogue in the GEMM kernel where one K slice runs, 11 policy 8 "
-                 "with 256 weight rows a block up to 64 rows")
+                 "where it runs, else 0), 8 policy 5 with the epilogue in the GEMM kernel where one K slice runs")
       ->capture_default_str()
-      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8, 11}));
+      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8}));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   std::vector<int> attention_batches{1, 16, 64}, attention_keys{300, 3000};

@@ -494,8 +494,8 @@ void init() {
 namespace ppx::kern {
 void gemm_set_policy(int policy) {
   using namespace gemm_impl;
-  if (policy < 0 || policy > 11 || policy == 7 || policy == 9 || policy == 10)
-    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6, 8 and 11)");
+  if (policy < 0 || policy > 8 || policy == 7)
+    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6 and 8)");
   if (policy == 3 && g_blas == nullptr) {
     if (g_blas_ws == nullptr && cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess) {
       g_blas_ws = nullptr;
@@ -503,7 +503,7 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  const bool wg = policy == 4 || policy == 5 || policy == 8 || policy == 11;
+  const bool wg = policy == 4 || policy == 5 || policy == 8;
   if (wg && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
   if (wg && !gemm_wg::available())
     throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
@@ -598,9 +598,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
   // Policy 8: policy 5, ending in its own epilogue where the launch runs one K slice.
-  // Policy 11: policy 8 with blocks of 256 weight rows (4 warpgroups) up to 64 rows where K % 128 == 0.
-  const bool wide = policy == 5 || policy == 8 || policy == 11;
-  const int fout = policy == 8 || policy == 11 ? static_cast<int>(out) : -1;
+  const bool wide = policy == 5 || policy == 8;
+  const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
@@ -612,11 +611,9 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       if (a.y) c.y = a.y + static_cast<int64_t>(b0) * a.y_stride;
       if (a.yf) c.yf = a.yf + static_cast<int64_t>(b0) * a.y_stride;
       // Policy 8 fuses where policy 5's plan runs one K slice, so it computes what 5 computes.
-      const int S4 = policy == 11 ? gemm_wg::plan(c, c.B, sms, true, -1, 4) : 0;
-      const int wg = S4 > 0 ? 4 : 2;
-      const int S = S4 > 0 ? S4 : gemm_wg::plan(c, c.B, sms, wide, -1);
+      const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
       const int fo = S == 1 ? fout : -1;
-      gemm_wg::launch(in, c, S, wide, fo, s, wg);
+      gemm_wg::launch(in, c, S, wide, fo, s);
       if (fo < 0) epilogue(c, S);
     }
     return true;

@@ -36,33 +36,20 @@ namespace ppx::kern::gemm_wg {
 namespace {
 
 constexpr int kKt = 64;        // k per stage (policy 4; policy 5 takes 128 where it fits)
-// A block has WG warpgroups of 64 weight rows each: 2 (128 rows, 256 threads) under policies 4, 5
-// and 8; 4 (256 rows, 512 threads) under policy 11, which reads the staged activations once for
-// twice the weight rows.
-constexpr int rows_of(int wg) { return 64 * wg; }
-constexpr int threads_of(int wg) { return 128 * wg; }
+constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
+constexpr int kThreads = 256;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
 // a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
 // At k-tiles of 128, 160 (40 words) does the same.
 constexpr int w_pitch(int kt) { return kt + 32; }
-constexpr int w_stage(int kt, int wg = 2) { return rows_of(wg) * w_pitch(kt); }
+constexpr int w_stage(int kt) { return kRows * w_pitch(kt); }
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
-constexpr int kMaxUnits4 = 4;             // policy 11's blocks take up to 64 batch rows (128 registers a thread)
 
-constexpr int stage_bytes(int nu, int kt, int wg = 2) {
-  return w_stage(kt, wg) + nu * 16 * kt * static_cast<int>(sizeof(__half));
-}
+constexpr int stage_bytes(int nu, int kt) { return w_stage(kt) + nu * 16 * kt * static_cast<int>(sizeof(__half)); }
 // As many stages as fit, up to 8, one block an SM: the weight bytes in flight bound an SM's share
-// of the bandwidth, and the pipeline copies stages - 2 tiles ahead. (The 256-row blocks take the
-// whole 227 KB an SM offers a block: 4 stages of 56 KB at 64 rows.)
-constexpr int stages_of(int nu, int kt, int wg = 2) {
-  return std::min(8, (wg == 2 ? 220 : 227) * 1024 / stage_bytes(nu, kt, wg));
-}
-constexpr size_t smem_bytes(int nu, int kt, int wg = 2) {
-  return static_cast<size_t>(stages_of(nu, kt, wg)) * stage_bytes(nu, kt, wg);
-}
-static_assert(stages_of(kMaxUnits4, 128, 4) >= 4 && smem_bytes(kMaxUnits4, 128, 4) <= 227 * 1024,
-              "policy 11's largest block fits an SM with 4 stages");
+// of the bandwidth, and the pipeline copies stages - 2 tiles ahead.
+constexpr int stages_of(int nu, int kt) { return std::min(8, 220 * 1024 / stage_bytes(nu, kt)); }
+constexpr size_t smem_bytes(int nu, int kt) { return static_cast<size_t>(stages_of(nu, kt)) * stage_bytes(nu, kt); }
 // Policy 5 ("wide"): k-tiles of 128, half the barriers and waits per byte, where 4 stages fit (up
 // to 128 rows); above, its launches are policy 4's.
 constexpr int kt_of(int nu, bool wide) { return wide && stages_of(nu, 128) >= 4 ? 128 : kKt; }
@@ -75,7 +62,6 @@ constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dyn
 
 bool g_avail = false;
 int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [wide][NU - 1]
-int g_occ4[kMaxUnits4] = {};   // the same of policy 11's blocks
 
 // The staged activations of rows [0, bp) over K slice blockIdx.x, [k0, k0 + ks): row b's fp16
 // values over a power of two at the positions the MMA reads (see the file comment), and
@@ -203,8 +189,8 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
 
 // Policy 8's fused end (Epi::mode >= 0, one K slice): the GEMV epilogue applied by the block that
 // computed the tile, from shared memory, instead of partial sums and a kernel of its own. kGateUp
-// pairs weight rows n and n + N / 2, so there a tile takes rows / 2 gate rows (the first half of
-// the warpgroups) and the matching up rows (the second).
+// pairs weight rows n and n + N / 2, so there a tile takes 64 gate rows (the first warpgroup) and
+// the matching 64 up rows (the second).
 struct Epi {
   int mode = -1;  // -1: partial sums only (policies 4 and 5, and 8 over several K slices); else a GemvOut
   const float* w_scale = nullptr;
@@ -216,16 +202,15 @@ struct Epi {
 // The grid is (tiles, S): block (p, s) takes k-tiles [s ks / KT, (s + 1) ks / KT) of tile p and
 // writes its partial sums at slot s, times slice s's activation scales (or, under policy 8 with one
 // slice, applies the epilogue).
-template <int NU, int KT, int WG>
-__global__ void __launch_bounds__(threads_of(WG), 1)
+template <int NU, int KT>
+__global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kRows = rows_of(WG), kThreads = threads_of(WG), kHalf = kRows / 2;
   constexpr int kBp = NU * 16;
-  constexpr int kStages = stages_of(NU, KT, WG);
+  constexpr int kStages = stages_of(NU, KT);
   static_assert(kStages >= 4, "the pipeline needs two stages ahead");
   constexpr int kXStage = kBp * KT;  // halves of a stage's activations
-  constexpr int kWPitch = w_pitch(KT), kWStage = w_stage(KT, WG);
+  constexpr int kWPitch = w_pitch(KT), kWStage = w_stage(KT);
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wst = smem;
   __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
@@ -238,8 +223,8 @@ __global__ void __launch_bounds__(threads_of(WG), 1)
   // the N / 2 pairs).
   auto grow = [&](int lr) {
     if (!pair) return p * kRows + lr < N ? p * kRows + lr : -1;
-    const int h = N / 2, r = p * kHalf + lr % kHalf;
-    return r < h ? (lr < kHalf ? r : h + r) : -1;
+    const int h = N / 2, r = p * 64 + (lr & 63);
+    return r < h ? (lr < 64 ? r : h + r) : -1;
   };
   // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
   // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
@@ -350,7 +335,7 @@ __global__ void __launch_bounds__(threads_of(WG), 1)
   }
   // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
   // once every warp is past its last MMA.
-  static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= smem_bytes(NU, KT, WG), "the sums fit the stages");
+  static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= smem_bytes(NU, KT), "the sums fit the stages");
   float* sums = reinterpret_cast<float*>(smem);
   // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p with p rounded first (no FMA
   // contraction), as policy 5 stores p and the epilogue kernel adds it to 0: the same bits, a
@@ -366,19 +351,19 @@ __global__ void __launch_bounds__(threads_of(WG), 1)
   }
   __syncthreads();
   // lm_gemm.cu's epilogue kernel's end (gemv_impl::gemm_epilogue), over the tile: output n of the
-  // tile is its row n - rows p (kGateUp: gate row r at r - rows / 2 p, its up row rows / 2 further).
+  // tile is its row n - 128 p (kGateUp: gate row r at r - 64 p, its up row 64 further).
   GemvArgs o;
   o.N = N;
   o.w_scale = e.w_scale;
   o.y = e.y;
   o.yf = e.yf;
   o.y_stride = e.y_stride;
-  const int first = pair ? blockIdx.x * kHalf : blockIdx.x * kRows, outs = pair ? kHalf : kRows, end = pair ? N / 2 : N;
+  const int first = pair ? blockIdx.x * 64 : blockIdx.x * kRows, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
   for (int i = tid; i < B * outs; i += kThreads) {
     const int b = i / outs, n = first + i % outs;
     if (n >= end) continue;
     const float* row = sums + b * kRows;
-    auto sum = [&](int col) { return row[col < end ? col - first : col - end - first + kHalf]; };
+    auto sum = [&](int col) { return row[col < end ? col - first : col - end - first + 64]; };
     switch (e.mode) {
       case static_cast<int>(GemvOut::kStore): gemv_impl::gemm_epilogue<GemvOut::kStore>(o, b, n, sum); break;
       case static_cast<int>(GemvOut::kResidual): gemv_impl::gemm_epilogue<GemvOut::kResidual>(o, b, n, sum); break;
@@ -401,45 +386,32 @@ __global__ void probe_kernel(int* out) {
 }
 
 using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
-template <int NU, int KT, int WG = 2>
+template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
                cudaStream_t s) {
-  wg_kernel<NU, KT, WG><<<grid, threads_of(WG), smem_bytes(NU, KT, WG), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B,
-                                                                            a.gemm.ws, e);
+  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
   constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, kWide)>...};
   return t[nu - 1];
 }
-template <int... I>
-constexpr LaunchFn launch_table4(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_nu<I + 1, 128, 4>...};
-  return t[nu - 1];
-}
-template <int NU, int KT, int WG>
-bool set_kernel(int& occ_out) {
-  const size_t smem = smem_bytes(NU, KT, WG);
-  if (cudaFuncSetAttribute(wg_kernel<NU, KT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess)
-    return false;
-  int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT, WG>, threads_of(WG), smem) != cudaSuccess)
-    return false;
-  occ_out = std::max(occ, 1);
-  return true;
-}
 template <int NU, bool kWide>
 bool set_one() {
-  return set_kernel<NU, kt_of(NU, kWide), 2>(g_occ[kWide ? 1 : 0][NU - 1]);
+  constexpr int KT = kt_of(NU, kWide);
+  if (cudaFuncSetAttribute(wg_kernel<NU, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes(NU, KT))) != cudaSuccess)
+    return false;
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wg_kernel<NU, KT>, kThreads, smem_bytes(NU, KT)) !=
+      cudaSuccess)
+    return false;
+  g_occ[kWide ? 1 : 0][NU - 1] = std::max(occ, 1);
+  return true;
 }
 template <int... I>
 bool set_smem(std::integer_sequence<int, I...>) {
   return ((set_one<I + 1, false>() && set_one<I + 1, true>()) && ...);
-}
-template <int... I>
-bool set_smem4(std::integer_sequence<int, I...>) {
-  return (set_kernel<I + 1, 128, 4>(g_occ4[I]) && ...);
 }
 
 template <GemvIn IN>
@@ -472,23 +444,18 @@ void init() {
   probe_kernel<<<1, 1>>>(d);
   const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   (void)cudaFree(d);
-  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{}) &&
-            set_smem4(std::make_integer_sequence<int, kMaxUnits4>{});
+  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{});
   (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
 }
 
 bool available() { return g_avail; }
 
-int tiles_of(const GemvArgs& a, int out, int wg) {
-  const int rows = rows_of(wg);
-  return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + rows / 2 - 1) / (rows / 2) : (a.N + rows - 1) / rows;
+int tiles_of(const GemvArgs& a, int out) {
+  return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
 }
 
-bool wide4(const GemvArgs& a, int B) { return (B + 15) / 16 <= kMaxUnits4 && a.K % 128 == 0; }
-
-int plan(const GemvArgs& a, int B, int sms, bool wide, int out, int wg) {
+int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   if (!g_avail || a.wi8 == nullptr || a.K <= 0 || a.K > kMaxStageK || B < 1 || B > kMaxRows) return 0;
-  if (wg != 2 && (wg != 4 || !wide || !wide4(a, B))) return 0;
   const int KT = kt_for((B + 15) / 16, wide, a.K);
   if (a.K % KT != 0) return 0;
   if (static_cast<int64_t>(a.N) * a.K >= (int64_t{1} << 31)) return 0;  // the kernel's 32-bit row offsets
@@ -504,8 +471,8 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out, int wg) {
   // blocks draws min(1, A / R) of the bandwidth (v0.25 measured a lone block bound by its MMA and
   // barrier latencies, not by bytes); the partial sums cost S x B x N floats written and read back
   // against the N x K weight bytes. Estimates, to be checked against measurements.
-  const int tiles = tiles_of(a, out, wg);
-  const int R = sms * (wg == 4 ? g_occ4[(B + 15) / 16 - 1] : g_occ[wide ? 1 : 0][(B + 15) / 16 - 1]);
+  const int tiles = tiles_of(a, out);
+  const int R = sms * g_occ[wide ? 1 : 0][(B + 15) / 16 - 1];
   auto bw = [&](int blocks) { return std::min(1.0, static_cast<double>(blocks) / R); };
   int best_s = 0;
   double best = 0.0;
@@ -521,10 +488,8 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out, int wg) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int wg) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
-  if (wg != 2 && (wg != 4 || !wide || !wide4(a, a.B)))
-    throw std::runtime_error("gemm_wg::launch: 4 warpgroups a block need k-tiles of 128 and at most 64 rows");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -539,7 +504,7 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid(tiles_of(a, out, wg), S);
+  const dim3 grid(tiles_of(a, out), S);
   Epi e;
   if (out >= 0) {
     e.mode = out;
@@ -548,9 +513,7 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     e.yf = a.yf;
     e.y_stride = a.y_stride;
   }
-  if (wg == 4)
-    launch_table4(nu, std::make_integer_sequence<int, kMaxUnits4>{})(grid, a, ks, xw, xscale, e, s);
-  else if (wide)
+  if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else
     launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);

@@ -1,4 +1,4 @@
-// GEMM policies 4, 5, 8 and 11 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
+// GEMM policies 4, 5 and 8 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
 // batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
@@ -32,13 +32,11 @@ bool available();
 // wide: policy 5's k-tiles of 128 (up to 128 rows and where K % 128 == 0; else policy 4's 64).
 // out: -1 for a launch that ends at the partial sums; a GemvOut (as int) for one that would apply
 // that epilogue itself (policy 8), whose tiles kGateUp pairs differently.
-// wg: warpgroups of 64 weight rows a block, 2 (policies 4, 5, 8), or 4 (policy 11: k-tiles of 128
-// and at most 64 rows, else 0).
-int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1, int wg = 2);
+int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // Stages `a`'s a.B rows (prologue `in`), then with out == -1 writes the partial sums ws[s][b][n]
 // (s < S = plan(), times each row's activation scale; the weight scale is the epilogue's, which
 // lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
 // epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int wg = 2);
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg

@@ -91,10 +91,9 @@ void gemv_set_grid_policy(int policy);
 // policy 4 with k-tiles of 128 up to 128 rows (where K % 128 == 0). 6 (kGemmPolicyAuto, the default, what
 // ships): policy 8 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
 // policy 0. 8: policy 5, but a launch that runs one K slice applies the epilogue itself (no partial
-// sums written, no epilogue kernel; the same bits). 11: policy 8 with blocks of 256 weight rows (4
-// warpgroups, the staged activations read once for twice the rows) up to 64 rows where K % 128 ==
-// 0, else 8. 7, 9 (v0.28) and 10 (v0.29) were experiments, not kept: they and other values throw
-// std::invalid_argument. Not thread-safe; not for serving code.
+// sums written, no epilogue kernel; the same bits). 7 and 9 (v0.28), 10 and 11 (v0.29) were
+// experiments, not kept: they and other values throw std::invalid_argument. Not thread-safe; not
+// for serving code.
 constexpr int kGemmPolicyAuto = 6;
 constexpr int kGemmWgMinRows = 40;
 void gemm_set_policy(int policy);
