@@ -193,6 +193,7 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
 // the matching 64 up rows (the second).
 struct Epi {
   int mode = -1;  // -1: partial sums only (policies 4 and 5, and 8 over several K slices); else a GemvOut
+  bool paired = false;  // the tiles pair rows as kGateUp's fused tiles do (policy 12's tiled kGateUp weights)
   const float* w_scale = nullptr;
   __nv_bfloat16* y = nullptr;
   float* yf = nullptr;
@@ -201,8 +202,9 @@ struct Epi {
 
 // The grid is (tiles, S): block (p, s) takes k-tiles [s ks / KT, (s + 1) ks / KT) of tile p and
 // writes its partial sums at slot s, times slice s's activation scales (or, under policy 8 with one
-// slice, applies the epilogue).
-template <int NU, int KT>
+// slice, applies the epilogue). kTiled (policy 12): w is the tiled copy (GemvArgs::wi8t), tile p's
+// k-tile kk the 16 KB at (p x K / KT + kk) x 16 KB.
+template <int NU, int KT, bool kTiled = false>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -218,7 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
   const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
-  const bool pair = e.mode == static_cast<int>(GemvOut::kGateUp);
+  const bool pair = e.paired || e.mode == static_cast<int>(GemvOut::kGateUp);
+  static_assert(!kTiled || KT == 128, "the tiled copy holds k-tiles of 128");
   // The weight row of tile p's row lr (0..127), or -1 where there is none (past N; kGateUp: past
   // the N / 2 pairs).
   auto grow = [&](int lr) {
@@ -241,12 +244,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int c = 0; c < kCopies; ++c) {
     const int n = grow(tid / (KT / 16) + c * kRowStep);
-    roff[c] = (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
+    roff[c] = kTiled ? (tid / (KT / 16) + c * kRowStep) * KT + (tid % (KT / 16)) * 16
+                     : (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
   }
+  // Tiled: this tile's k-tiles, 16 KB each, one after another.
+  const int8_t* wtile = kTiled ? w + static_cast<int64_t>(p) * kRows * K : w;
   int is_kk = kk0, is_stage = 0;
   auto issue = [&](int it) {
     if (it < units) {
-      const int8_t* wk = w + is_kk * KT;
+      const int8_t* wk = kTiled ? wtile + is_kk * (kRows * KT) : w + is_kk * KT;
       const uint32_t wd = w_dst + is_stage * kWStage;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) cp_async16_s(wd + c * kRowStep * kWPitch, wk + roff[c]);
@@ -391,6 +397,37 @@ void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const flo
                cudaStream_t s) {
   wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
+template <int NU>
+void launch_tiled(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
+                  cudaStream_t s) {
+  wg_kernel<NU, 128, true><<<grid, kThreads, smem_bytes(NU, 128), s>>>(a.wi8t, a.N, a.K, ks, xw, xscale, a.B,
+                                                                         a.gemm.ws, e);
+}
+constexpr int kTiledUnits = 8;  // the tiled kernels: k-tiles of 128, up to 128 rows
+template <int... I>
+constexpr LaunchFn tiled_table(int nu, std::integer_sequence<int, I...>) {
+  constexpr LaunchFn t[] = {&launch_tiled<I + 1>...};
+  return t[nu - 1];
+}
+// Tile p's rows (kGateUp paired: 64 gate rows, then their 64 up rows), k-tile kk: 16 KB at
+// (p x K / 128 + kk) x 16 KB, row r's 128 bytes at r x 128 (rows past the weight: zeros).
+__global__ void tile_kernel(const int8_t* w, int N, int K, bool paired, int8_t* wt) {
+  const int p = blockIdx.x, kk = blockIdx.y, ktt = K / 128;
+  int8_t* dst = wt + (static_cast<int64_t>(p) * ktt + kk) * (128 * 128);
+  for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {
+    const int r = i / 8, c = i % 8;
+    int n;
+    if (!paired) {
+      n = p * 128 + r < N ? p * 128 + r : -1;
+    } else {
+      const int h = N / 2, q = p * 64 + r % 64;
+      n = q < h ? (r < 64 ? q : h + q) : -1;
+    }
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (n >= 0) v = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K + kk * 128 + c * 16);
+    *reinterpret_cast<uint4*>(dst + r * 128 + c * 16) = v;
+  }
+}
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
   constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, kWide)>...};
@@ -412,6 +449,12 @@ bool set_one() {
 template <int... I>
 bool set_smem(std::integer_sequence<int, I...>) {
   return ((set_one<I + 1, false>() && set_one<I + 1, true>()) && ...);
+}
+template <int... I>
+bool set_smem_tiled(std::integer_sequence<int, I...>) {
+  return ((cudaFuncSetAttribute(wg_kernel<I + 1, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_bytes(I + 1, 128))) == cudaSuccess) &&
+          ...);
 }
 
 template <GemvIn IN>
@@ -444,7 +487,8 @@ void init() {
   probe_kernel<<<1, 1>>>(d);
   const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   (void)cudaFree(d);
-  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{});
+  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{}) &&
+            set_smem_tiled(std::make_integer_sequence<int, kTiledUnits>{});
   (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
 }
 
@@ -488,8 +532,29 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
+size_t tiled_elems(int N, int K, bool paired) {
+  const size_t tiles = paired ? static_cast<size_t>(N / 2 + 63) / 64 : static_cast<size_t>(N + 127) / 128;
+  return tiles * 128 * static_cast<size_t>(K);
+}
+
+void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaStream_t s) {
+  if (K % 128 != 0 || N < 1 || (paired && N % 2 != 0))
+    throw std::runtime_error("gemm_wg::tile_weights: K must be a multiple of 128 (and N even when paired)");
+  const int tiles = static_cast<int>(paired ? (N / 2 + 63) / 64 : (N + 127) / 128);
+  tile_kernel<<<dim3(tiles, K / 128), 256, 0, s>>>(w, N, K, paired, wt);
+}
+
+bool tiled_runs(const GemvArgs& a, int B) { return a.wi8t != nullptr && a.K % 128 == 0 && B >= 1 && B <= 128; }
+
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
+  const bool paired = tiled == 2;
+  if (paired && out >= 0 && out != static_cast<int>(GemvOut::kGateUp))
+    throw std::runtime_error("gemm_wg::launch: paired tiles end in the kGateUp epilogue only");
+  if (tiled == 1 && out == static_cast<int>(GemvOut::kGateUp))
+    throw std::runtime_error("gemm_wg::launch: a fused kGateUp epilogue reads paired tiles (tiled 2)");
+  if (tiled != 0 && (!wide || !tiled_runs(a, a.B)))
+    throw std::runtime_error("gemm_wg::launch: the tiled weights take k-tiles of 128 (K % 128 == 0, up to 128 rows)");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -504,8 +569,9 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid(tiles_of(a, out), S);
+  const dim3 grid(tiles_of(a, paired ? static_cast<int>(GemvOut::kGateUp) : out), S);
   Epi e;
+  e.paired = paired;
   if (out >= 0) {
     e.mode = out;
     e.w_scale = a.w_scale;
@@ -513,7 +579,9 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     e.yf = a.yf;
     e.y_stride = a.y_stride;
   }
-  if (wide)
+  if (tiled != 0)
+    tiled_table(nu, std::make_integer_sequence<int, kTiledUnits>{})(grid, a, ks, xw, xscale, e, s);
+  else if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else
     launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);

@@ -1,4 +1,4 @@
-// GEMM policies 4, 5 and 8 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
+// GEMM policies 4, 5, 8 and 12 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
 // batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
@@ -37,6 +37,15 @@ int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // (s < S = plan(), times each row's activation scale; the weight scale is the epilogue's, which
 // lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
 // epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
+// tiled (policy 12): 0 reads a.wi8; 1 reads the tiled copy a.wi8t; 2 the same with kGateUp's
+// paired tiles (the copy tile_weights() made with paired). 1 and 2 need wide and tiled_runs().
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled = 0);
+// Policy 12's weight copy: the elements tile_weights() writes, and the copy itself (K % 128 == 0;
+// paired: kGateUp's tiles of 64 gate rows and their 64 up rows, N even). std::runtime_error on a
+// bad shape.
+size_t tiled_elems(int N, int K, bool paired);
+void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaStream_t s);
+// Whether a launch of B rows of `a` can read a.wi8t (set, K % 128 == 0, B <= 128).
+bool tiled_runs(const GemvArgs& a, int B);
 
 }  // namespace ppx::kern::gemm_wg
