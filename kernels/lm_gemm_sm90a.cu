@@ -60,6 +60,19 @@ static_assert(stages_of(kMaxUnits, kKt) >= 4 && smem_bytes(kMaxUnits, kKt) <= 22
 static_assert(kt_of(8, true) == 128, "policy 5 takes k-tiles of 128 up to 128 rows");
 constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dynamic shared memory
 
+// Tiles of an N-row weight: 128 rows each, or (paired: kGateUp, rows n and n + N / 2 together) 64
+// gate rows and their 64 up rows. tile_row: the weight row of tile p's row lr (0..127), or -1
+// where there is none (past N; paired: past the N / 2 pairs). The GEMM kernel and policy 12's
+// tiled copy (tile_kernel) both order a tile's rows by it.
+__host__ __device__ __forceinline__ int tile_count(int N, bool paired) {
+  return paired ? (N / 2 + 63) / 64 : (N + kRows - 1) / kRows;
+}
+__host__ __device__ __forceinline__ int tile_row(int p, int lr, int N, bool paired) {
+  if (!paired) return p * kRows + lr < N ? p * kRows + lr : -1;
+  const int h = N / 2, r = p * 64 + (lr & 63);
+  return r < h ? (lr < 64 ? r : h + r) : -1;
+}
+
 bool g_avail = false;
 int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [wide][NU - 1]
 
@@ -222,13 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
   const bool pair = e.paired || e.mode == static_cast<int>(GemvOut::kGateUp);
   static_assert(!kTiled || KT == 128, "the tiled copy holds k-tiles of 128");
-  // The weight row of tile p's row lr (0..127), or -1 where there is none (past N; kGateUp: past
-  // the N / 2 pairs).
-  auto grow = [&](int lr) {
-    if (!pair) return p * kRows + lr < N ? p * kRows + lr : -1;
-    const int h = N / 2, r = p * 64 + (lr & 63);
-    return r < h ? (lr < 64 ? r : h + r) : -1;
-  };
+  auto grow = [&](int lr) { return tile_row(p, lr, N, pair); };  // the weight row of the tile's row lr
   // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
   // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
   // way, from bases advanced a k-tile and a stage at each issue (rows past the end read row N - 1:
@@ -415,14 +422,7 @@ __global__ void tile_kernel(const int8_t* w, int N, int K, bool paired, int8_t* 
   const int p = blockIdx.x, kk = blockIdx.y, ktt = K / 128;
   int8_t* dst = wt + (static_cast<int64_t>(p) * ktt + kk) * (128 * 128);
   for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {
-    const int r = i / 8, c = i % 8;
-    int n;
-    if (!paired) {
-      n = p * 128 + r < N ? p * 128 + r : -1;
-    } else {
-      const int h = N / 2, q = p * 64 + r % 64;
-      n = q < h ? (r < 64 ? q : h + q) : -1;
-    }
+    const int r = i / 8, c = i % 8, n = tile_row(p, r, N, paired);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (n >= 0) v = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K + kk * 128 + c * 16);
     *reinterpret_cast<uint4*>(dst + r * 128 + c * 16) = v;
@@ -495,7 +495,7 @@ void init() {
 bool available() { return g_avail; }
 
 int tiles_of(const GemvArgs& a, int out) {
-  return out == static_cast<int>(GemvOut::kGateUp) ? (a.N / 2 + 63) / 64 : (a.N + kRows - 1) / kRows;
+  return tile_count(a.N, out == static_cast<int>(GemvOut::kGateUp));
 }
 
 int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
@@ -533,15 +533,13 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
 }
 
 size_t tiled_elems(int N, int K, bool paired) {
-  const size_t tiles = paired ? static_cast<size_t>(N / 2 + 63) / 64 : static_cast<size_t>(N + 127) / 128;
-  return tiles * 128 * static_cast<size_t>(K);
+  return static_cast<size_t>(tile_count(N, paired)) * kRows * static_cast<size_t>(K);
 }
 
 void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaStream_t s) {
   if (K % 128 != 0 || N < 1 || (paired && N % 2 != 0))
     throw std::runtime_error("gemm_wg::tile_weights: K must be a multiple of 128 (and N even when paired)");
-  const int tiles = static_cast<int>(paired ? (N / 2 + 63) / 64 : (N + 127) / 128);
-  tile_kernel<<<dim3(tiles, K / 128), 256, 0, s>>>(w, N, K, paired, wt);
+  tile_kernel<<<dim3(tile_count(N, paired), K / 128), 256, 0, s>>>(w, N, K, paired, wt);
 }
 
 bool tiled_runs(const GemvArgs& a, int B) { return a.wi8t != nullptr && a.K % 128 == 0 && B >= 1 && B <= 128; }
