@@ -62,7 +62,7 @@ constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dyn
 
 // Tiles of an N-row weight: 128 rows each, or (paired: kGateUp, rows n and n + N / 2 together) 64
 // gate rows and their 64 up rows. tile_row: the weight row of tile p's row lr (0..127), or -1
-// where there is none (past N; paired: past the N / 2 pairs). The GEMM kernel and policy 12's
+// where there is none (past N; paired: past the N / 2 pairs). The GEMM kernel and policy 13's
 // tiled copy (tile_kernel) both order a tile's rows by it.
 __host__ __device__ __forceinline__ int tile_count(int N, bool paired) {
   return paired ? (N / 2 + 63) / 64 : (N + kRows - 1) / kRows;
@@ -184,18 +184,107 @@ __device__ __forceinline__ void wgmma_n16(float* d, const uint32_t* a, uint64_t 
       : "memory");
 }
 
+// d += A x B (16 x 64 at desc): one instruction for four n16 units (policy 14).
+__device__ __forceinline__ void wgmma_n64(float* d, const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+      : "memory");
+}
+
 // One k16 step over all NU x 16 batch columns: the step's slab holds NU x 2 groups of 8 rows, at
 // descriptor `desc` (its start address in 16-byte units in the low bits: a byte offset below the
 // 256 KB of shared memory is added as offset / 16 without a carry out of the field).
-template <int NU>
+// kN64 (policy 14): 64-column instructions for the whole groups of four units (the accumulators
+// and the slab's groups of 8 rows in the same order as two 32-column ones), then 32 and 16.
+template <int NU, bool kN64 = false>
 __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, uint64_t desc) {
+  constexpr int n64 = kN64 ? NU / 4 : 0;
 #pragma unroll
-  for (int i = 0; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, desc + i * 4 * 128 * 2 / 16);
+  for (int i = 0; i < n64; ++i) wgmma_n64(acc + 32 * i, a, desc + i * 8 * 128 * 2 / 16);
+#pragma unroll
+  for (int i = 2 * n64; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, desc + i * 4 * 128 * 2 / 16);
   if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, desc + (NU / 2) * 4 * 128 * 2 / 16);
 }
 // cp.async of 16 bytes to a shared-space address.
 __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// Policy 13's pipeline: mbarriers in shared memory (addresses in the shared space) and the bulk
+// copy engine (cp.async.bulk: a contiguous run of bytes, 16-byte aligned, completing as bytes on
+// an mbarrier's transaction count).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The inits visible to the bulk copies (async proxy) before any thread uses the barriers.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// An L2 policy for data read once (the weights: evicted first) or read by every block (the staged
+// activations: kept).
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+      : "memory");
+}
+
+// One k-tile of a warpgroup's MMAs, committed as one group: every A fragment of the tile first
+// (k16 steps 2c and 2c + 1 of 32-wide chunk c; rows g and g + 8 of this warp's 16 at wr and 8
+// pitches further) converted into fr, then the MMAs over the activations at descriptor xs.
+template <int NU, int KT, bool kN64 = false>
+__device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], const unsigned char* wr,
+                                          uint64_t xs, int t) {
+  constexpr int kBp = NU * 16, kWPitch = w_pitch(KT);
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+#pragma unroll
+  for (int c = 0; c < KT / 32; ++c) {
+    uint32_t a0[4], a1[4];  // rows g and g + 8
+    int8x8_to_half(wr + c * 32 + 8 * t, a0);
+    int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+    fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
+    fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2];
+    fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
+  }
+  wg_fence();
+#pragma unroll
+  for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU, kN64>(acc, fr[k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
+  wg_commit();
 }
 
 #endif
@@ -206,18 +295,85 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
 // the matching 64 up rows (the second).
 struct Epi {
   int mode = -1;  // -1: partial sums only (policies 4 and 5, and 8 over several K slices); else a GemvOut
-  bool paired = false;  // the tiles pair rows as kGateUp's fused tiles do (policy 12's tiled kGateUp weights)
+  bool paired = false;  // the tiles pair rows as kGateUp's fused tiles do (policy 13's tiled kGateUp weights)
   const float* w_scale = nullptr;
   __nv_bfloat16* y = nullptr;
   float* yf = nullptr;
   int64_t y_stride = 0;
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The end of block (blockIdx.x, blockIdx.y)'s tile, from its accumulators: with e.mode < 0 the
+// partial sums of slice blockIdx.y, times its activation scales, to ws; else the fused epilogue
+// through shared memory (`smem`, kSmem bytes of it, free once every warp is past its MMAs). Every
+// thread of the block calls it (the barriers); only the MMA threads (`active`, tid < kThreads)
+// store.
+template <int NU, size_t kSmem>
+__device__ __forceinline__ void finish(const float* acc, unsigned char* smem, int N, int B, float* ws,
+                                       const float* xscale, const Epi& e, bool pair, bool active) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  // Accumulator 4 j + q is the tile's row lb (+ 8 for q >= 2), batch column 8 j + 2 t + (q & 1) (the
+  // m16n8 fragment order, repeated along N).
+  const int lb = warp * 16 + g;
+  constexpr int kBp = NU * 16;
+  static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= kSmem, "the sums fit the stages");
+  if (e.mode < 0) {  // the partial sums of slice blockIdx.y, times its activation scales
+#pragma unroll
+    for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int b = 8 * j + 2 * t + (q & 1), n = tile_row(blockIdx.x, lb + (q >= 2 ? 8 : 0), N, pair);
+        if (active && b < B && n >= 0)
+          ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
+      }
+    }
+    return;
+  }
+  // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
+  // once every warp is past its last MMA.
+  float* sums = reinterpret_cast<float*>(smem);
+  // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p with p rounded first (no FMA
+  // contraction), as policy 5 stores p and the epilogue kernel adds it to 0: the same bits, a
+  // negative zero's sign included.
+  __syncthreads();  // every warp past its MMAs: the stages are free
+#pragma unroll
+  for (int j = 0; j < 2 * NU; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int b = 8 * j + 2 * t + (q & 1);
+      if (active && b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + __fmul_rn(acc[4 * j + q], xscale[b]);
+    }
+  }
+  __syncthreads();
+  // lm_gemm.cu's epilogue kernel's end (gemv_impl::gemm_epilogue), over the tile: output n of the
+  // tile is its row n - 128 p (kGateUp: gate row r at r - 64 p, its up row 64 further).
+  GemvArgs o;
+  o.N = N;
+  o.w_scale = e.w_scale;
+  o.y = e.y;
+  o.yf = e.yf;
+  o.y_stride = e.y_stride;
+  const int first = pair ? blockIdx.x * 64 : blockIdx.x * kRows, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
+  for (int i = tid; active && i < B * outs; i += kThreads) {
+    const int b = i / outs, n = first + i % outs;
+    if (n >= end) continue;
+    const float* row = sums + b * kRows;
+    auto sum = [&](int col) { return row[col < end ? col - first : col - end - first + 64]; };
+    switch (e.mode) {
+      case static_cast<int>(GemvOut::kStore): gemv_impl::gemm_epilogue<GemvOut::kStore>(o, b, n, sum); break;
+      case static_cast<int>(GemvOut::kResidual): gemv_impl::gemm_epilogue<GemvOut::kResidual>(o, b, n, sum); break;
+      case static_cast<int>(GemvOut::kGateUp): gemv_impl::gemm_epilogue<GemvOut::kGateUp>(o, b, n, sum); break;
+      default: gemv_impl::gemm_epilogue<GemvOut::kLogits>(o, b, n, sum); break;
+    }
+  }
+}
+
+#endif
+
 // The grid is (tiles, S): block (p, s) takes k-tiles [s ks / KT, (s + 1) ks / KT) of tile p and
 // writes its partial sums at slot s, times slice s's activation scales (or, under policy 8 with one
-// slice, applies the epilogue). kTiled (policy 12): w is the tiled copy (GemvArgs::wi8t), tile p's
-// k-tile kk the 16 KB at (p x K / KT + kk) x 16 KB.
-template <int NU, int KT, bool kTiled = false>
+// slice, applies the epilogue).
+template <int NU, int KT, bool kN64 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -234,7 +390,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
   const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
   const bool pair = e.paired || e.mode == static_cast<int>(GemvOut::kGateUp);
-  static_assert(!kTiled || KT == 128, "the tiled copy holds k-tiles of 128");
   auto grow = [&](int lr) { return tile_row(p, lr, N, pair); };  // the weight row of the tile's row lr
   // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
   // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
@@ -251,15 +406,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int c = 0; c < kCopies; ++c) {
     const int n = grow(tid / (KT / 16) + c * kRowStep);
-    roff[c] = kTiled ? (tid / (KT / 16) + c * kRowStep) * KT + (tid % (KT / 16)) * 16
-                     : (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
+    roff[c] = (n < 0 ? N - 1 : n) * K + (tid % (KT / 16)) * 16;
   }
-  // Tiled: this tile's k-tiles, 16 KB each, one after another.
-  const int8_t* wtile = kTiled ? w + static_cast<int64_t>(p) * kRows * K : w;
   int is_kk = kk0, is_stage = 0;
   auto issue = [&](int it) {
     if (it < units) {
-      const int8_t* wk = kTiled ? wtile + is_kk * (kRows * KT) : w + is_kk * KT;
+      const int8_t* wk = w + is_kk * KT;
       const uint32_t wd = w_dst + is_stage * kWStage;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) cp_async16_s(wd + c * kRowStep * kWPitch, wk + roff[c]);
@@ -283,9 +435,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
   uint32_t fr[2][KT / 16][4];
-  // Accumulator 4 j + q is the tile's row 16 warp + g (+ 8 for q >= 2), batch column 8 j + 2 t +
-  // (q & 1) (the m16n8 fragment order, repeated along N).
-  const int lb = warp * 16 + g;
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
   // The stage tile it reads (it % kStages, advanced by one a tile) and the descriptor base of
@@ -303,23 +452,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWPitch;
     const uint64_t xs = x_desc + static_cast<uint32_t>(cs * (kXStage * 2 / 16));
     cs = cs + 1 == kStages ? 0 : cs + 1;
-#pragma unroll
-    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-    // Every A fragment of the k-tile first (k16 steps 2c and 2c + 1 of 32-wide chunk c), into the
-    // set no group in flight reads (tile it - 2's, completed).
-#pragma unroll
-    for (int c = 0; c < KT / 32; ++c) {
-      uint32_t a0[4], a1[4];  // rows g and g + 8
-      int8x8_to_half(wr + c * 32 + 8 * t, a0);
-      int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
-      fr[f][2 * c][0] = a0[0], fr[f][2 * c][1] = a1[0], fr[f][2 * c][2] = a0[1], fr[f][2 * c][3] = a1[1];
-      fr[f][2 * c + 1][0] = a0[2], fr[f][2 * c + 1][1] = a1[2];
-      fr[f][2 * c + 1][2] = a0[3], fr[f][2 * c + 1][3] = a1[3];
-    }
-    wg_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
-    wg_commit();
+    // Into the set no group in flight reads (tile it - 2's, completed).
+    mma_ktile<NU, KT, kN64>(acc, fr[f], wr, xs, t);
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
@@ -334,56 +468,137 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
-  if (e.mode < 0) {  // the partial sums of slice blockIdx.y, times its activation scales
-#pragma unroll
-    for (int j = 0; j < 2 * NU; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int b = 8 * j + 2 * t + (q & 1), n = grow(lb + (q >= 2 ? 8 : 0));
-        if (b < B && n >= 0)
-          ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
-      }
-    }
-    return;
-  }
-  // The tile's sums, [b][lr] (fused end): over the pipeline's shared memory from its start, free
-  // once every warp is past its last MMA.
-  static_assert(static_cast<size_t>(kBp) * kRows * sizeof(float) <= smem_bytes(NU, KT), "the sums fit the stages");
-  float* sums = reinterpret_cast<float*>(smem);
-  // One K slice (gridDim.y == 1): the sums stay on the chip. 0.f + p with p rounded first (no FMA
-  // contraction), as policy 5 stores p and the epilogue kernel adds it to 0: the same bits, a
-  // negative zero's sign included.
-  __syncthreads();  // every warp past its MMAs: the stages are free
-#pragma unroll
-  for (int j = 0; j < 2 * NU; ++j) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int b = 8 * j + 2 * t + (q & 1);
-      if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + __fmul_rn(acc[4 * j + q], xscale[b]);
-    }
+  finish<NU, smem_bytes(NU, KT)>(acc, smem, N, B, ws, xscale, e, pair, true);
+#else
+  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
+  __trap();
+#endif
+}
+
+// Policy 13's weight copy (tile_weights): per (128-row tile, 128-column k-tile) block, 16 KB
+// contiguous, one bulk copy. Row r of the tile takes 128 bytes at r x 128, as 8 units of 16 bytes:
+// unit t + 4 h (t < 4, h < 2) holds columns [8 t + 64 h, + 8) then [8 t + 64 h + 32, + 8), the 32
+// bytes an MMA lane of quad position t converts for k chunks 2 h and 2 h + 1 (see wg_kernel), at
+// slot (t + 4 h) ^ (4 (r & 1)): the 8 lanes of a 16-byte shared load (rows g and g + 1, t 0..3)
+// then read 8 distinct slots, no bank conflict.
+__host__ __device__ __forceinline__ int tiled_slot(int r, int u) { return u ^ ((r & 1) << 2); }
+
+// Policy 13: policy 8's tile, computed by the same two warpgroups from the tiled copy, fed by a
+// ninth warp (the producer) through mbarriers instead of every thread's cp.async and a block
+// barrier a k-tile. The producer waits until a stage is free (its "empty" barrier: each MMA warp
+// arrives once its MMAs of the tile there have completed), then has the bulk copy engine fill it
+// with two copies, the k-tile's 16 KB of weights and its staged activations, completing on the
+// stage's "full" barrier, which the MMA warps wait on. Every stage is in flight. Shared memory:
+// the stages' weights (16 KB each), their activations, then the full and empty barriers (8 bytes
+// each). k-tiles of 128, up to 128 batch rows (tiled_runs()).
+constexpr int kTiledUnits = 8;
+constexpr int ws_stage_bytes(int nu) { return kRows * 128 + nu * 16 * 128 * static_cast<int>(sizeof(__half)); }
+constexpr int ws_stages(int nu) { return std::min(8, (220 * 1024 - 256) / ws_stage_bytes(nu)); }
+constexpr size_t ws_smem(int nu) { return static_cast<size_t>(ws_stages(nu)) * (ws_stage_bytes(nu) + 16); }
+static_assert(ws_stages(kTiledUnits) >= 3, "three stages of the largest tiled block fit");
+constexpr int kWsThreads = kThreads + 32;
+
+template <int NU>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    ws_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int KT = 128, kStages = ws_stages(NU);
+  constexpr int kXStage = NU * 16 * KT;  // halves of a stage's activations
+  constexpr int kWStage = kRows * KT;    // bytes of a stage's weights
+  constexpr uint32_t kTx = kWStage + kXStage * 2;  // bytes a stage's copies bring
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
+  const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
+  const bool pair = e.paired;
+  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t x_base = s_base + kStages * kWStage;
+  const uint32_t full = x_base + kStages * kXStage * 2, empty = full + 8 * kStages;  // + 8 x stage
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, kThreads / 32);
+    mbar_fence_init();
   }
   __syncthreads();
-  // lm_gemm.cu's epilogue kernel's end (gemv_impl::gemm_epilogue), over the tile: output n of the
-  // tile is its row n - 128 p (kGateUp: gate row r at r - 64 p, its up row 64 further).
-  GemvArgs o;
-  o.N = N;
-  o.w_scale = e.w_scale;
-  o.y = e.y;
-  o.yf = e.yf;
-  o.y_stride = e.y_stride;
-  const int first = pair ? blockIdx.x * 64 : blockIdx.x * kRows, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
-  for (int i = tid; i < B * outs; i += kThreads) {
-    const int b = i / outs, n = first + i % outs;
-    if (n >= end) continue;
-    const float* row = sums + b * kRows;
-    auto sum = [&](int col) { return row[col < end ? col - first : col - end - first + 64]; };
-    switch (e.mode) {
-      case static_cast<int>(GemvOut::kStore): gemv_impl::gemm_epilogue<GemvOut::kStore>(o, b, n, sum); break;
-      case static_cast<int>(GemvOut::kResidual): gemv_impl::gemm_epilogue<GemvOut::kResidual>(o, b, n, sum); break;
-      case static_cast<int>(GemvOut::kGateUp): gemv_impl::gemm_epilogue<GemvOut::kGateUp>(o, b, n, sum); break;
-      default: gemv_impl::gemm_epilogue<GemvOut::kLogits>(o, b, n, sum); break;
+  float acc[NU * 8];
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
+  if (warp == kThreads / 32) {  // the producer (one lane)
+    if (lane == 0) {
+      const uint64_t pw = l2_evict_first(), px = l2_evict_last();
+      const int8_t* wt = w + (static_cast<int64_t>(p) * (K / KT) + kk0) * kWStage;
+      const __half* xs = xw + static_cast<int64_t>(kk0) * kXStage;
+      int st = 0;
+      for (int it = 0; it < units; ++it) {
+        // Round r = it / kStages of stage st waits for the release of round r - 1's tile there:
+        // the empty barrier's phase r - 1.
+        if (it >= kStages) mbar_wait(empty + 8 * st, static_cast<uint32_t>(it / kStages - 1) & 1u);
+        mbar_arrive_tx(full + 8 * st, kTx);
+        bulk_copy(s_base + st * kWStage, wt + static_cast<int64_t>(it) * kWStage, kWStage, full + 8 * st, pw);
+        bulk_copy(x_base + st * (kXStage * 2), xs + static_cast<int64_t>(it) * kXStage, kXStage * 2, full + 8 * st, px);
+        if (++st == kStages) st = 0;
+      }
     }
+  } else {
+    const int g = lane >> 2, t = lane & 3, r0 = warp * 16 + g;  // this lane's rows r0 and r0 + 8
+    // Units t (k chunks 0, 1) and t + 4 (chunks 2, 3) of rows r0 and r0 + 8 (the same parity).
+    const int o0 = r0 * 128 + tiled_slot(r0, t) * 16, o1 = r0 * 128 + tiled_slot(r0, t + 4) * 16;
+    uint32_t fr[2][KT / 16][4];
+    const uint64_t x_desc = b_desc(smem + kStages * kWStage);
+    int st = 0, prev = 0;
+    uint32_t ph = 0;
+    // Tile it - 1's group has completed in this warp once tile it's is committed and all but the
+    // newest group waited for: this warp is done with its stage.
+    auto tile = [&](auto set, int it) {
+      constexpr int f = decltype(set)::value;
+      mbar_wait(full + 8 * st, ph);
+      const unsigned char* wr = smem + st * kWStage;
+#pragma unroll
+      for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v0 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0));             // row r0
+        const uint4 v1 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0) + 8 * 128);   // row r0 + 8
+        const uint32_t lo0[2] = {v0.x, v0.y}, lo1[2] = {v1.x, v1.y}, hi0[2] = {v0.z, v0.w}, hi1[2] = {v1.z, v1.w};
+        // k chunk 2 h from the units' first 8 bytes, 2 h + 1 from their second (as mma_ktile
+        // orders the fragments of a chunk).
+        const uint32_t* c0[2] = {lo0, hi0};
+        const uint32_t* c1[2] = {lo1, hi1};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int c = 2 * h + j;
+          uint32_t a0[4], a1[4];
+          int8x4_to_half2x2(c0[j][0] ^ 0x80808080u, a0[0], a0[1]);
+          int8x4_to_half2x2(c0[j][1] ^ 0x80808080u, a0[2], a0[3]);
+          int8x4_to_half2x2(c1[j][0] ^ 0x80808080u, a1[0], a1[1]);
+          int8x4_to_half2x2(c1[j][1] ^ 0x80808080u, a1[2], a1[3]);
+          fr[f][2 * c][0] = a0[0], fr[f][2 * c][1] = a1[0], fr[f][2 * c][2] = a0[1], fr[f][2 * c][3] = a1[1];
+          fr[f][2 * c + 1][0] = a0[2], fr[f][2 * c + 1][1] = a1[2];
+          fr[f][2 * c + 1][2] = a0[3], fr[f][2 * c + 1][3] = a1[3];
+        }
+      }
+      wg_fence();
+      const uint64_t xs = x_desc + static_cast<uint32_t>(st * (kXStage * 2 / 16));
+#pragma unroll
+      for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * NU * 2 * 128 * 2 / 16);
+      wg_commit();
+      wg_wait<1>();
+#pragma unroll
+      for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+      if (it > 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+      prev = st;
+      if (++st == kStages) st = 0, ph ^= 1u;
+    };
+    int it = 0;
+    for (; it + 1 < units; it += 2) {
+      tile(std::integral_constant<int, 0>{}, it);
+      tile(std::integral_constant<int, 1>{}, it + 1);
+    }
+    if (it < units) tile(std::integral_constant<int, 0>{}, it);
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   }
+  finish<NU, ws_smem(NU)>(acc, smem, N, B, ws, xscale, e, pair, warp < kThreads / 32);
 #else
   (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
   __trap();
@@ -399,39 +614,60 @@ __global__ void probe_kernel(int* out) {
 }
 
 using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
-template <int NU, int KT>
+template <int NU, int KT, bool kN64 = false>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
                cudaStream_t s) {
-  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
+  wg_kernel<NU, KT, kN64><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
 template <int NU>
-void launch_tiled(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
-                  cudaStream_t s) {
-  wg_kernel<NU, 128, true><<<grid, kThreads, smem_bytes(NU, 128), s>>>(a.wi8t, a.N, a.K, ks, xw, xscale, a.B,
-                                                                         a.gemm.ws, e);
+void launch_ws(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
+               cudaStream_t s) {
+  ws_kernel<NU><<<grid, kWsThreads, ws_smem(NU), s>>>(a.wi8t, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
-constexpr int kTiledUnits = 8;  // the tiled kernels: k-tiles of 128, up to 128 rows
 template <int... I>
-constexpr LaunchFn tiled_table(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_tiled<I + 1>...};
+constexpr LaunchFn ws_table(int nu, std::integer_sequence<int, I...>) {
+  constexpr LaunchFn t[] = {&launch_ws<I + 1>...};
   return t[nu - 1];
 }
-// Tile p's rows (kGateUp paired: 64 gate rows, then their 64 up rows), k-tile kk: 16 KB at
-// (p x K / 128 + kk) x 16 KB, row r's 128 bytes at r x 128 (rows past the weight: zeros).
+template <int... I>
+bool set_smem_ws(std::integer_sequence<int, I...>) {
+  return ((cudaFuncSetAttribute(ws_kernel<I + 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(ws_smem(I + 1))) == cudaSuccess) &&
+          ...);
+}
+// The tiled copy (see tiled_slot): tile p's k-tile kk at (p x K / 128 + kk) x 16 KB; rows past the
+// weight are zeros.
 __global__ void tile_kernel(const int8_t* w, int N, int K, bool paired, int8_t* wt) {
   const int p = blockIdx.x, kk = blockIdx.y, ktt = K / 128;
   int8_t* dst = wt + (static_cast<int64_t>(p) * ktt + kk) * (128 * 128);
   for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {
-    const int r = i / 8, c = i % 8, n = tile_row(p, r, N, paired);
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (n >= 0) v = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(n) * K + kk * 128 + c * 16);
-    *reinterpret_cast<uint4*>(dst + r * 128 + c * 16) = v;
+    const int r = i / 8, u = i % 8, n = tile_row(p, r, N, paired);
+    uint2 a = make_uint2(0u, 0u), b = make_uint2(0u, 0u);
+    if (n >= 0) {
+      const int8_t* row = w + static_cast<int64_t>(n) * K + kk * 128 + 8 * (u & 3) + 64 * (u >> 2);
+      a = *reinterpret_cast<const uint2*>(row);
+      b = *reinterpret_cast<const uint2*>(row + 32);
+    }
+    *reinterpret_cast<uint4*>(dst + r * 128 + tiled_slot(r, u) * 16) = make_uint4(a.x, a.y, b.x, b.y);
   }
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
   constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, kWide)>...};
   return t[nu - 1];
+}
+// Policy 14: policy 8's kernels with 64-column MMAs where the units come in fours.
+template <int... I>
+constexpr LaunchFn n64_table(int nu, std::integer_sequence<int, I...>) {
+  constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, true), (I + 1) % 4 == 0>...};
+  return t[nu - 1];
+}
+template <int... I>
+bool set_smem_n64(std::integer_sequence<int, I...>) {
+  return ((cudaFuncSetAttribute(wg_kernel<I + 1, kt_of(I + 1, true), (I + 1) % 4 == 0>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_bytes(I + 1, kt_of(I + 1, true)))) == cudaSuccess) &&
+          ...);
 }
 template <int NU, bool kWide>
 bool set_one() {
@@ -450,13 +686,6 @@ template <int... I>
 bool set_smem(std::integer_sequence<int, I...>) {
   return ((set_one<I + 1, false>() && set_one<I + 1, true>()) && ...);
 }
-template <int... I>
-bool set_smem_tiled(std::integer_sequence<int, I...>) {
-  return ((cudaFuncSetAttribute(wg_kernel<I + 1, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_bytes(I + 1, 128))) == cudaSuccess) &&
-          ...);
-}
-
 template <GemvIn IN>
 void stage(const GemvArgs& a, int kt, dim3 grid, size_t smem, __half* xw, float* xscale, int bp, int ks,
            cudaStream_t s) {
@@ -488,7 +717,8 @@ void init() {
   const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   (void)cudaFree(d);
   g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{}) &&
-            set_smem_tiled(std::make_integer_sequence<int, kTiledUnits>{});
+            set_smem_ws(std::make_integer_sequence<int, kTiledUnits>{}) &&
+            set_smem_n64(std::make_integer_sequence<int, kMaxUnits>{});
   (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
 }
 
@@ -544,7 +774,7 @@ void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaSt
 
 bool tiled_runs(const GemvArgs& a, int B) { return a.wi8t != nullptr && a.K % 128 == 0 && B >= 1 && B <= 128; }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled, bool n64) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
   const bool paired = tiled == 2;
   if (paired && out >= 0 && out != static_cast<int>(GemvOut::kGateUp))
@@ -578,7 +808,9 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     e.y_stride = a.y_stride;
   }
   if (tiled != 0)
-    tiled_table(nu, std::make_integer_sequence<int, kTiledUnits>{})(grid, a, ks, xw, xscale, e, s);
+    ws_table(nu, std::make_integer_sequence<int, kTiledUnits>{})(grid, a, ks, xw, xscale, e, s);
+  else if (wide && n64)
+    n64_table(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else

@@ -274,7 +274,7 @@ void CudaLm::bind() {
     if (depformer_in[s].w != want.w || depformer_in[s].w8 != want.w8 || depformer_in[s].wi8 != want.wi8 ||
         depformer_in[s].w_scale != want.w_scale)
       throw Error("depformer input projections are not contiguous in the weight arena");
-    // Policy 12's tiled copies are made per tensor, each padded to whole 128-row tiles: they line
+    // Policy 13's tiled copies are made per tensor, each padded to whole 128-row tiles: they line
     // up as one matrix's only when each holds whole tiles (else the GEMM reads the int8 rows).
     if (depformer_in[s].wi8t != want.wi8t) depformer_in_all.wi8t = nullptr;
   }
@@ -327,7 +327,7 @@ void CudaLm::quantize_linears() {
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   arena_ = std::move(kept);
   weight_bytes_ = arena_.bytes() + arena8_.bytes() + scales_.bytes();
-  if (opt_.w8_int8 && kern::gemm_policy() == 12) {
+  if (opt_.w8_int8 && kern::gemm_policy() == 13) {
     // A kGateUp weight (the FFNs' linear_in) is tiled in pairs, as the GEMM reads it; the heads and
     // the depformer's per-step slices start on whole tiles (rows_from() checks).
     size_t total_t = 0;

@@ -136,7 +136,7 @@ class CudaLm {
     bool linear = false;
     size_t off = 0, off8 = 0, off_scale = 0;
     bool in_fp8 = false;
-    int64_t off_tiled = -1;  // policy 12: its tiled copy in arena_t_ (-1: none)
+    int64_t off_tiled = -1;  // policy 13: its tiled copy in arena_t_ (-1: none)
   };
   void allocate();
   void bind();              // the pointers above from tensors_ and the arenas
