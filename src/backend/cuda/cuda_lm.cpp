@@ -329,13 +329,15 @@ void CudaLm::quantize_linears() {
   weight_bytes_ = arena_.bytes() + arena8_.bytes() + scales_.bytes();
   if (opt_.w8_int8 && kern::gemm_policy() == 13) {
     // A kGateUp weight (the FFNs' linear_in) is tiled in pairs, as the GEMM reads it; the heads and
-    // the depformer's per-step slices start on whole tiles (rows_from() checks). Only the weights
-    // of 2^25 elements or more: v0.30 measured policy 13 faster on the large temporal shapes (QKV,
-    // FFN in and out, the text head) and slower on the others (the attention's output projection,
-    // every depformer weight), which then run policy 8.
+    // the depformer's per-step slices start on whole tiles (rows_from() checks). Only the temporal
+    // weights of 2^25 elements or more: v0.30 measured policy 13 faster on the large temporal
+    // shapes (QKV, FFN in and out, the text head) and slower on the others (the attention's output
+    // projection, every depformer weight), which then run policy 8.
     size_t total_t = 0;
     for (Tensor& t : tensors_) {
-      if (!t.linear || t.shape[1] % 128 != 0 || t.shape[0] * t.shape[1] < (int64_t{1} << 25)) continue;
+      if (!t.linear || t.shape[1] % 128 != 0 || t.shape[0] * t.shape[1] < (int64_t{1} << 25) ||
+          t.key.rfind("depformer", 0) == 0)
+        continue;
       const bool paired = t.key.find("linear_in") != std::string::npos;
       if (paired && t.shape[0] % 2 != 0) continue;
       t.off_tiled = static_cast<int64_t>(total_t);
