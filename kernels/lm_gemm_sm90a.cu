@@ -184,34 +184,13 @@ __device__ __forceinline__ void wgmma_n16(float* d, const uint32_t* a, uint64_t 
       : "memory");
 }
 
-// d += A x B (16 x 64 at desc): one instruction for four n16 units (policy 14).
-__device__ __forceinline__ void wgmma_n64(float* d, const uint32_t* a, uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
-      : "memory");
-}
-
 // One k16 step over all NU x 16 batch columns: the step's slab holds NU x 2 groups of 8 rows, at
 // descriptor `desc` (its start address in 16-byte units in the low bits: a byte offset below the
 // 256 KB of shared memory is added as offset / 16 without a carry out of the field).
-// kN64 (policy 14): 64-column instructions for the whole groups of four units (the accumulators
-// and the slab's groups of 8 rows in the same order as two 32-column ones), then 32 and 16.
-template <int NU, bool kN64 = false>
+template <int NU>
 __device__ __forceinline__ void mma_step(float* acc, const uint32_t* a, uint64_t desc) {
-  constexpr int n64 = kN64 ? NU / 4 : 0;
 #pragma unroll
-  for (int i = 0; i < n64; ++i) wgmma_n64(acc + 32 * i, a, desc + i * 8 * 128 * 2 / 16);
-#pragma unroll
-  for (int i = 2 * n64; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, desc + i * 4 * 128 * 2 / 16);
+  for (int i = 0; i < NU / 2; ++i) wgmma_n32(acc + 16 * i, a, desc + i * 4 * 128 * 2 / 16);
   if constexpr (NU % 2 != 0) wgmma_n16(acc + 16 * (NU / 2), a, desc + (NU / 2) * 4 * 128 * 2 / 16);
 }
 // cp.async of 16 bytes to a shared-space address.
@@ -263,28 +242,42 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
-// One k-tile of a warpgroup's MMAs, committed as one group: every A fragment of the tile first
-// (k16 steps 2c and 2c + 1 of 32-wide chunk c; rows g and g + 8 of this warp's 16 at wr and 8
-// pitches further) converted into fr, then the MMAs over the activations at descriptor xs.
-template <int NU, int KT, bool kN64 = false>
-__device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], const unsigned char* wr,
-                                          uint64_t xs, int t) {
-  constexpr int kBp = NU * 16, kWPitch = w_pitch(KT);
+// The A fragments of 32-wide k chunk c (k16 steps 2c and 2c + 1) from a lane's 8 converted bytes
+// of rows g (a0) and g + 8 (a1).
+template <int KT>
+__device__ __forceinline__ void place_chunk(uint32_t (&fr)[KT / 16][4], int c, const uint32_t* a0, const uint32_t* a1) {
+  fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
+  fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2], fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
+}
+
+// One k-tile of a warpgroup's MMAs, committed as one group: load(fr) places every A fragment of
+// the tile first, then the MMAs over the activations at descriptor xs.
+template <int NU, int KT, class Load>
+__device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], uint64_t xs, Load&& load) {
+  constexpr int kBp = NU * 16;
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-#pragma unroll
-  for (int c = 0; c < KT / 32; ++c) {
-    uint32_t a0[4], a1[4];  // rows g and g + 8
-    int8x8_to_half(wr + c * 32 + 8 * t, a0);
-    int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
-    fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
-    fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2];
-    fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
-  }
+  load(fr);
   wg_fence();
 #pragma unroll
-  for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU, kN64>(acc, fr[k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
+  for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
   wg_commit();
+}
+
+// The k-tiles [0, units) of a block: tile(set, it) for each, the fragments alternating between
+// register sets 0 and 1 (one tile's MMA group stays in flight while the next tile's fragments are
+// converted into the other set), then the last group waited for.
+template <int NU, class Tile>
+__device__ __forceinline__ void run_ktiles(int units, float* acc, Tile&& tile) {
+  int it = 0;
+  for (; it + 1 < units; it += 2) {
+    tile(std::integral_constant<int, 0>{}, it);
+    tile(std::integral_constant<int, 1>{}, it + 1);
+  }
+  if (it < units) tile(std::integral_constant<int, 0>{}, it);
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
 }
 
 #endif
@@ -373,7 +366,7 @@ __device__ __forceinline__ void finish(const float* acc, unsigned char* smem, in
 // The grid is (tiles, S): block (p, s) takes k-tiles [s ks / KT, (s + 1) ks / KT) of tile p and
 // writes its partial sums at slot s, times slice s's activation scales (or, under policy 8 with one
 // slice, applies the epilogue).
-template <int NU, int KT, bool kN64 = false>
+template <int NU, int KT>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -452,21 +445,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWPitch;
     const uint64_t xs = x_desc + static_cast<uint32_t>(cs * (kXStage * 2 / 16));
     cs = cs + 1 == kStages ? 0 : cs + 1;
-    // Into the set no group in flight reads (tile it - 2's, completed).
-    mma_ktile<NU, KT, kN64>(acc, fr[f], wr, xs, t);
+    // Into the set no group in flight reads (tile it - 2's, completed): chunk c of rows g and
+    // g + 8 (wr and 8 pitches further).
+    mma_ktile<NU, KT>(acc, fr[f], xs, [&](uint32_t(&fa)[KT / 16][4]) {
+#pragma unroll
+      for (int c = 0; c < KT / 32; ++c) {
+        uint32_t a0[4], a1[4];
+        int8x8_to_half(wr + c * 32 + 8 * t, a0);
+        int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+        place_chunk<KT>(fa, c, a0, a1);
+      }
+    });
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   };
-  int it = 0;
-  for (; it + 1 < units; it += 2) {
-    tile(std::integral_constant<int, 0>{}, it);
-    tile(std::integral_constant<int, 1>{}, it + 1);
-  }
-  if (it < units) tile(std::integral_constant<int, 0>{}, it);
-  wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+  run_ktiles<NU>(units, acc, tile);
   cp_async_wait<0>();
   finish<NU, smem_bytes(NU, KT)>(acc, smem, N, B, ws, xscale, e, pair, true);
 #else
@@ -538,6 +532,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (++st == kStages) st = 0;
       }
     }
+    __syncwarp();  // the producer warp converged again before finish's barriers
   } else {
     const int g = lane >> 2, t = lane & 3, r0 = warp * 16 + g;  // this lane's rows r0 and r0 + 8
     // Units t (k chunks 0, 1) and t + 4 (chunks 2, 3) of rows r0 and r0 + 8 (the same parity).
@@ -552,35 +547,28 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       constexpr int f = decltype(set)::value;
       mbar_wait(full + 8 * st, ph);
       const unsigned char* wr = smem + st * kWStage;
-#pragma unroll
-      for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v0 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0));             // row r0
-        const uint4 v1 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0) + 8 * 128);   // row r0 + 8
-        const uint32_t lo0[2] = {v0.x, v0.y}, lo1[2] = {v1.x, v1.y}, hi0[2] = {v0.z, v0.w}, hi1[2] = {v1.z, v1.w};
-        // k chunk 2 h from the units' first 8 bytes, 2 h + 1 from their second (as mma_ktile
-        // orders the fragments of a chunk).
-        const uint32_t* c0[2] = {lo0, hi0};
-        const uint32_t* c1[2] = {lo1, hi1};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int c = 2 * h + j;
-          uint32_t a0[4], a1[4];
-          int8x4_to_half2x2(c0[j][0] ^ 0x80808080u, a0[0], a0[1]);
-          int8x4_to_half2x2(c0[j][1] ^ 0x80808080u, a0[2], a0[3]);
-          int8x4_to_half2x2(c1[j][0] ^ 0x80808080u, a1[0], a1[1]);
-          int8x4_to_half2x2(c1[j][1] ^ 0x80808080u, a1[2], a1[3]);
-          fr[f][2 * c][0] = a0[0], fr[f][2 * c][1] = a1[0], fr[f][2 * c][2] = a0[1], fr[f][2 * c][3] = a1[1];
-          fr[f][2 * c + 1][0] = a0[2], fr[f][2 * c + 1][1] = a1[2];
-          fr[f][2 * c + 1][2] = a0[3], fr[f][2 * c + 1][3] = a1[3];
-        }
-      }
-      wg_fence();
       const uint64_t xs = x_desc + static_cast<uint32_t>(st * (kXStage * 2 / 16));
+      mma_ktile<NU, KT>(acc, fr[f], xs, [&](uint32_t(&fa)[KT / 16][4]) {
 #pragma unroll
-      for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[f][k16], xs + k16 * NU * 2 * 128 * 2 / 16);
-      wg_commit();
+        for (int h = 0; h < 2; ++h) {
+          const uint4 v0 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0));            // row r0
+          const uint4 v1 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0) + 8 * 128);  // row r0 + 8
+          const uint32_t lo0[2] = {v0.x, v0.y}, lo1[2] = {v1.x, v1.y}, hi0[2] = {v0.z, v0.w}, hi1[2] = {v1.z, v1.w};
+          // k chunk 2 h from the units' first 8 bytes, 2 h + 1 from their second (as wg_kernel
+          // orders the fragments of a chunk).
+          const uint32_t* c0[2] = {lo0, hi0};
+          const uint32_t* c1[2] = {lo1, hi1};
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t a0[4], a1[4];
+            int8x4_to_half2x2(c0[j][0] ^ 0x80808080u, a0[0], a0[1]);
+            int8x4_to_half2x2(c0[j][1] ^ 0x80808080u, a0[2], a0[3]);
+            int8x4_to_half2x2(c1[j][0] ^ 0x80808080u, a1[0], a1[1]);
+            int8x4_to_half2x2(c1[j][1] ^ 0x80808080u, a1[2], a1[3]);
+            place_chunk<KT>(fa, 2 * h + j, a0, a1);
+          }
+        }
+      });
       wg_wait<1>();
 #pragma unroll
       for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
@@ -588,17 +576,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       prev = st;
       if (++st == kStages) st = 0, ph ^= 1u;
     };
-    int it = 0;
-    for (; it + 1 < units; it += 2) {
-      tile(std::integral_constant<int, 0>{}, it);
-      tile(std::integral_constant<int, 1>{}, it + 1);
-    }
-    if (it < units) tile(std::integral_constant<int, 0>{}, it);
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
+    run_ktiles<NU>(units, acc, tile);
   }
-  finish<NU, ws_smem(NU)>(acc, smem, N, B, ws, xscale, e, pair, warp < kThreads / 32);
+  finish<NU, ws_stages(NU) * ws_stage_bytes(NU)>(acc, smem, N, B, ws, xscale, e, pair, warp < kThreads / 32);
 #else
   (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
   __trap();
@@ -614,10 +594,10 @@ __global__ void probe_kernel(int* out) {
 }
 
 using LaunchFn = void (*)(dim3, const GemvArgs&, int, const __half*, const float*, const Epi&, cudaStream_t);
-template <int NU, int KT, bool kN64 = false>
+template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
                cudaStream_t s) {
-  wg_kernel<NU, KT, kN64><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
+  wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
 }
 template <int NU>
 void launch_ws(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
@@ -655,19 +635,6 @@ template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
   constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, kWide)>...};
   return t[nu - 1];
-}
-// Policy 14: policy 8's kernels with 64-column MMAs where the units come in fours.
-template <int... I>
-constexpr LaunchFn n64_table(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_nu<I + 1, kt_of(I + 1, true), (I + 1) % 4 == 0>...};
-  return t[nu - 1];
-}
-template <int... I>
-bool set_smem_n64(std::integer_sequence<int, I...>) {
-  return ((cudaFuncSetAttribute(wg_kernel<I + 1, kt_of(I + 1, true), (I + 1) % 4 == 0>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_bytes(I + 1, kt_of(I + 1, true)))) == cudaSuccess) &&
-          ...);
 }
 template <int NU, bool kWide>
 bool set_one() {
@@ -717,8 +684,7 @@ void init() {
   const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   (void)cudaFree(d);
   g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{}) &&
-            set_smem_ws(std::make_integer_sequence<int, kTiledUnits>{}) &&
-            set_smem_n64(std::make_integer_sequence<int, kMaxUnits>{});
+            set_smem_ws(std::make_integer_sequence<int, kTiledUnits>{});
   (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
 }
 
@@ -774,7 +740,7 @@ void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaSt
 
 bool tiled_runs(const GemvArgs& a, int B) { return a.wi8t != nullptr && a.K % 128 == 0 && B >= 1 && B <= 128; }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled, bool n64) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
   const bool paired = tiled == 2;
   if (paired && out >= 0 && out != static_cast<int>(GemvOut::kGateUp))
@@ -809,8 +775,6 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
   }
   if (tiled != 0)
     ws_table(nu, std::make_integer_sequence<int, kTiledUnits>{})(grid, a, ks, xw, xscale, e, s);
-  else if (wide && n64)
-    n64_table(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else

@@ -41,9 +41,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // (a ninth warp feeds the MMAs through the bulk copy engine and mbarriers: the same products,
 // sums and bits as policy 8's); 2 the same with kGateUp's paired tiles (the copy tile_weights()
 // made with paired). 1 and 2 need wide and tiled_runs().
-// n64 (policy 14; wide, tiled 0): policy 8's kernel issuing 64-column MMAs where the batch
-// columns come in groups of 64 (the same sums and bits).
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled = 0, bool n64 = false);
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled = 0);
 // Policy 13's weight copy: the elements tile_weights() writes, and the copy itself (K % 128 == 0;
 // paired: kGateUp's tiles of 64 gate rows and their 64 up rows, N even). std::runtime_error on a
 // bad shape.
