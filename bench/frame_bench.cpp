@@ -641,10 +641,8 @@ int bench(int argc, char** argv) {
                  "shipped, 6; 0 the mma.sync kernel, 1-3 experiments, 3 keeping a bf16 copy of the int8 weights, "
                  "~16 GB more at full size, and doing nothing with --w8-format fp8; 4 and 5 int8 weights on wgmma, "
                  "H100 / H200 only; 6 wgmma from 40 rows where it runs, policy 8's kernel; 8 policy 5 with the epilogue "
-                 "in the GEMM kernel where one K slice runs; 13 policy 8 on a warp-specialized kernel reading a tiled copy of "
-                 "the temporal int8 weights of 2^25 elements or more (QKV, FFN in and out, the text head; ~6 GB more at full "
-                 "size), policy 8 elsewhere); CUDA builds only")
-      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8, 13}));
+                 "in the GEMM kernel where one K slice runs); CUDA builds only")
+      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8}));
   int attention_policy = -1;
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "

@@ -18,7 +18,6 @@
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
 #include "lm_attention.cuh"
-#include "lm_gemm_sm90a.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
 #include "lm_quant.cuh"
@@ -102,8 +101,6 @@ struct ShapeWeights {
   DeviceBuffer<__nv_bfloat16> w, x, alpha, y;
   DeviceBuffer<__nv_fp8_e4m3> w8;
   DeviceBuffer<int8_t> wi8;
-  DeviceBuffer<int8_t> wi8t;  // --gemm-policy 13: each int8 copy tiled for the wgmma GEMM (K % 128 == 0)
-  size_t wtn = 0;             // elements of one tiled copy
   DeviceBuffer<float> scale8, scale_i8;
   ShapeWeights(const Shape& shape, int max_b, bool with_fp8, cudaStream_t s)
       : sh(shape),
@@ -129,13 +126,6 @@ struct ShapeWeights {
       kern::quantize_int8_rows(w.get() + (i % copies16) * wn, sh.N, sh.K, wi8.get() + i * wn,
                                scale_i8.get() + static_cast<size_t>(i) * sh.N, s);
     }
-    if (kern::gemm_policy() == 13 && sh.K % 128 == 0 && (sh.out != GemvOut::kGateUp || sh.N % 2 == 0)) {
-      const bool paired = sh.out == GemvOut::kGateUp;
-      wtn = kern::gemm_wg::tiled_elems(sh.N, sh.K, paired);
-      wi8t.resize(wtn * copies8);
-      for (int i = 0; i < copies8; ++i) kern::gemm_wg::tile_weights(wi8.get() + i * wn, sh.N, sh.K, paired, wi8t.get() + i * wtn, s);
-      PPX_CUDA_CHECK(cudaGetLastError());
-    }
     PPX_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   const __nv_bfloat16* bf16_copy(int i) const { return w.get() + (i % copies16) * wn; }
@@ -148,7 +138,6 @@ struct ShapeWeights {
       a.wi8 = wi8.get() + (i % copies8) * wn;
       a.w_scale = scale_i8.get() + static_cast<size_t>(i % copies8) * sh.N;
       a.wq = bf16_copy(i);  // --gemm-policy 3 multiplies this (timing only: any bf16 of the shape)
-      if (wi8t.size()) a.wi8t = wi8t.get() + (i % copies8) * wtn;  // --gemm-policy 13
     } else {
       a.w = bf16_copy(i);
     }
@@ -448,11 +437,9 @@ int bench(int argc, char** argv) {
                  "batched GEMM kernel: 0 the mma.sync kernel, 1 16 warps a block (two per row group), 2 row warps "
                  "(gemm_rw_kernel), 3 cuBLAS's bf16 GEMM on a bf16 copy of the int8 weights, 4 int8 weights on wgmma "
                  "(H100 / H200; 5 the same with k-tiles of 128 up to 128 rows), 6 as shipped (8 from 40 rows "
-                 "where it runs, else 0), 8 policy 5 with the epilogue in the GEMM kernel where one K slice runs, 13 policy 8 "
-                 "on a warp-specialized kernel (a producer warp, the bulk copy engine) reading a copy of the int8 weights tiled "
-                 "in 16 KB blocks (an experiment)")
+                 "where it runs, else 0), 8 policy 5 with the epilogue in the GEMM kernel where one K slice runs")
       ->capture_default_str()
-      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8, 13}));
+      ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8}));
   std::string gemm_shapes;
   app.add_option("--gemm-shapes", gemm_shapes, "gemm section: only the shapes whose name contains this");
   std::vector<int> attention_batches{1, 16, 64}, attention_keys{300, 3000};

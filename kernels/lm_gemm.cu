@@ -494,8 +494,8 @@ void init() {
 namespace ppx::kern {
 void gemm_set_policy(int policy) {
   using namespace gemm_impl;
-  if (policy < 0 || policy > 13 || policy == 7 || (policy >= 9 && policy <= 12))
-    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6, 8 and 13)");
+  if (policy < 0 || policy > 8 || policy == 7)
+    throw std::invalid_argument("lm_gemm: no GEMM policy " + std::to_string(policy) + " (0-6 and 8)");
   if (policy == 3 && g_blas == nullptr) {
     if (g_blas_ws == nullptr && cudaMalloc(&g_blas_ws, kBlasWorkspaceBytes) != cudaSuccess) {
       g_blas_ws = nullptr;
@@ -503,7 +503,7 @@ void gemm_set_policy(int policy) {
     }
     blas_check(cublasCreate(&g_blas), "cublasCreate");
   }
-  const bool wg = policy == 4 || policy == 5 || policy == 8 || policy == 13;
+  const bool wg = policy == 4 || policy == 5 || policy == 8;
   if (wg && !gemm_wg::available()) gemm_wg::init();  // before gemv_init() too
   if (wg && !gemm_wg::available())
     throw std::runtime_error("lm_gemm policy " + std::to_string(policy) + ": this device or build has no sm_90a kernels (an H100 or H200 and a "
@@ -598,10 +598,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   // Policy 4: int8 weights on wgmma, up to gemm_wg::kMaxRows rows a launch, each launch staging its
   // own rows (the largest fits, so the others do).
   // Policy 8: policy 5, ending in its own epilogue where the launch runs one K slice.
-  // Policy 13: policy 8 on the warp-specialized kernel reading the tiled copy GemvArgs::wi8t
-  // where it is set and runs (a producer warp, the bulk copy engine), else policy 8.
-  const bool wide = policy == 5 || policy == 8 || policy == 13;
-  const int fout = policy == 8 || policy == 13 ? static_cast<int>(out) : -1;
+  const bool wide = policy == 5 || policy == 8;
+  const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
@@ -615,8 +613,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       // Policy 8 fuses where policy 5's plan runs one K slice, so it computes what 5 computes.
       const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
       const int fo = S == 1 ? fout : -1;
-      const int tiled = policy == 13 && gemm_wg::tiled_runs(c, c.B) ? (out == GemvOut::kGateUp ? 2 : 1) : 0;
-      gemm_wg::launch(in, c, S, wide, fo, s, tiled);
+      gemm_wg::launch(in, c, S, wide, fo, s);
       if (fo < 0) epilogue(c, S);
     }
     return true;

@@ -62,8 +62,7 @@ constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dyn
 
 // Tiles of an N-row weight: 128 rows each, or (paired: kGateUp, rows n and n + N / 2 together) 64
 // gate rows and their 64 up rows. tile_row: the weight row of tile p's row lr (0..127), or -1
-// where there is none (past N; paired: past the N / 2 pairs). The GEMM kernel and policy 13's
-// tiled copy (tile_kernel) both order a tile's rows by it.
+// where there is none (past N; paired: past the N / 2 pairs).
 __host__ __device__ __forceinline__ int tile_count(int N, bool paired) {
   return paired ? (N / 2 + 63) / 64 : (N + kRows - 1) / kRows;
 }
@@ -198,50 +197,6 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// Policy 13's pipeline: mbarriers in shared memory (addresses in the shared space) and the bulk
-// copy engine (cp.async.bulk: a contiguous run of bytes, 16-byte aligned, completing as bytes on
-// an mbarrier's transaction count).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// The inits visible to the bulk copies (async proxy) before any thread uses the barriers.
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// An L2 policy for data read once (the weights: evicted first) or read by every block (the staged
-// activations: kept).
-__device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint64_t l2_evict_last() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-      : "memory");
-}
-
 // The A fragments of 32-wide k chunk c (k16 steps 2c and 2c + 1) from a lane's 8 converted bytes
 // of rows g (a0) and g + 8 (a1).
 template <int KT>
@@ -288,7 +243,6 @@ __device__ __forceinline__ void run_ktiles(int units, float* acc, Tile&& tile) {
 // the matching 64 up rows (the second).
 struct Epi {
   int mode = -1;  // -1: partial sums only (policies 4 and 5, and 8 over several K slices); else a GemvOut
-  bool paired = false;  // the tiles pair rows as kGateUp's fused tiles do (policy 13's tiled kGateUp weights)
   const float* w_scale = nullptr;
   __nv_bfloat16* y = nullptr;
   float* yf = nullptr;
@@ -299,11 +253,10 @@ struct Epi {
 // The end of block (blockIdx.x, blockIdx.y)'s tile, from its accumulators: with e.mode < 0 the
 // partial sums of slice blockIdx.y, times its activation scales, to ws; else the fused epilogue
 // through shared memory (`smem`, kSmem bytes of it, free once every warp is past its MMAs). Every
-// thread of the block calls it (the barriers); only the MMA threads (`active`, tid < kThreads)
-// store.
+// thread of the block calls it (the barriers).
 template <int NU, size_t kSmem>
 __device__ __forceinline__ void finish(const float* acc, unsigned char* smem, int N, int B, float* ws,
-                                       const float* xscale, const Epi& e, bool pair, bool active) {
+                                       const float* xscale, const Epi& e, bool pair) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   // Accumulator 4 j + q is the tile's row lb (+ 8 for q >= 2), batch column 8 j + 2 t + (q & 1) (the
   // m16n8 fragment order, repeated along N).
@@ -316,7 +269,7 @@ __device__ __forceinline__ void finish(const float* acc, unsigned char* smem, in
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int b = 8 * j + 2 * t + (q & 1), n = tile_row(blockIdx.x, lb + (q >= 2 ? 8 : 0), N, pair);
-        if (active && b < B && n >= 0)
+        if (b < B && n >= 0)
           ws[(static_cast<int64_t>(blockIdx.y) * B + b) * N + n] = acc[4 * j + q] * xscale[blockIdx.y * kMaxRows + b];
       }
     }
@@ -334,7 +287,7 @@ __device__ __forceinline__ void finish(const float* acc, unsigned char* smem, in
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int b = 8 * j + 2 * t + (q & 1);
-      if (active && b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + __fmul_rn(acc[4 * j + q], xscale[b]);
+      if (b < B) sums[b * kRows + lb + (q >= 2 ? 8 : 0)] = 0.f + __fmul_rn(acc[4 * j + q], xscale[b]);
     }
   }
   __syncthreads();
@@ -347,7 +300,7 @@ __device__ __forceinline__ void finish(const float* acc, unsigned char* smem, in
   o.yf = e.yf;
   o.y_stride = e.y_stride;
   const int first = pair ? blockIdx.x * 64 : blockIdx.x * kRows, outs = pair ? 64 : kRows, end = pair ? N / 2 : N;
-  for (int i = tid; active && i < B * outs; i += kThreads) {
+  for (int i = tid; i < B * outs; i += kThreads) {
     const int b = i / outs, n = first + i % outs;
     if (n >= end) continue;
     const float* row = sums + b * kRows;
@@ -382,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
   const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
-  const bool pair = e.paired || e.mode == static_cast<int>(GemvOut::kGateUp);
+  const bool pair = e.mode == static_cast<int>(GemvOut::kGateUp);
   auto grow = [&](int lr) { return tile_row(p, lr, N, pair); };  // the weight row of the tile's row lr
   // This thread's copies of a stage: weight chunks tid + c * kThreads (row chunk / (KT / 16) of
   // the tile, 16 bytes at column chunk % (KT / 16)), then activation chunks of 16 bytes the same
@@ -462,123 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   run_ktiles<NU>(units, acc, tile);
   cp_async_wait<0>();
-  finish<NU, smem_bytes(NU, KT)>(acc, smem, N, B, ws, xscale, e, pair, true);
-#else
-  (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
-  __trap();
-#endif
-}
-
-// Policy 13's weight copy (tile_weights): per (128-row tile, 128-column k-tile) block, 16 KB
-// contiguous, one bulk copy. Row r of the tile takes 128 bytes at r x 128, as 8 units of 16 bytes:
-// unit t + 4 h (t < 4, h < 2) holds columns [8 t + 64 h, + 8) then [8 t + 64 h + 32, + 8), the 32
-// bytes an MMA lane of quad position t converts for k chunks 2 h and 2 h + 1 (see wg_kernel), at
-// slot (t + 4 h) ^ (4 (r & 1)): the 8 lanes of a 16-byte shared load (rows g and g + 1, t 0..3)
-// then read 8 distinct slots, no bank conflict.
-__host__ __device__ __forceinline__ int tiled_slot(int r, int u) { return u ^ ((r & 1) << 2); }
-
-// Policy 13: policy 8's tile, computed by the same two warpgroups from the tiled copy, fed by a
-// ninth warp (the producer) through mbarriers instead of every thread's cp.async and a block
-// barrier a k-tile. The producer waits until a stage is free (its "empty" barrier: each MMA warp
-// arrives once its MMAs of the tile there have completed), then has the bulk copy engine fill it
-// with two copies, the k-tile's 16 KB of weights and its staged activations, completing on the
-// stage's "full" barrier, which the MMA warps wait on. Every stage is in flight. Shared memory:
-// the stages' weights (16 KB each), their activations, then the full and empty barriers (8 bytes
-// each). k-tiles of 128, up to 128 batch rows (tiled_runs()).
-constexpr int kTiledUnits = 8;
-constexpr int ws_stage_bytes(int nu) { return kRows * 128 + nu * 16 * 128 * static_cast<int>(sizeof(__half)); }
-constexpr int ws_stages(int nu) { return std::min(8, (220 * 1024 - 256) / ws_stage_bytes(nu)); }
-constexpr size_t ws_smem(int nu) { return static_cast<size_t>(ws_stages(nu)) * (ws_stage_bytes(nu) + 16); }
-static_assert(ws_stages(kTiledUnits) >= 3, "three stages of the largest tiled block fit");
-constexpr int kWsThreads = kThreads + 32;
-
-template <int NU>
-__global__ void __launch_bounds__(kWsThreads, 1)
-    ws_kernel(const int8_t* w, int N, int K, int ks, const __half* xw, const float* xscale, int B, float* ws, Epi e) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int KT = 128, kStages = ws_stages(NU);
-  constexpr int kXStage = NU * 16 * KT;  // halves of a stage's activations
-  constexpr int kWStage = kRows * KT;    // bytes of a stage's weights
-  constexpr uint32_t kTx = kWStage + kXStage * 2;  // bytes a stage's copies bring
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int p = blockIdx.x, kk0 = blockIdx.y * (ks / KT);  // the tile, its first k-tile here
-  const int units = min(K / KT, (blockIdx.y + 1) * (ks / KT)) - kk0;  // k-tiles here
-  const bool pair = e.paired;
-  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t x_base = s_base + kStages * kWStage;
-  const uint32_t full = x_base + kStages * kXStage * 2, empty = full + 8 * kStages;  // + 8 x stage
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, kThreads / 32);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  float acc[NU * 8];
-#pragma unroll
-  for (int i = 0; i < NU * 8; ++i) acc[i] = 0.f;
-  if (warp == kThreads / 32) {  // the producer (one lane)
-    if (lane == 0) {
-      const uint64_t pw = l2_evict_first(), px = l2_evict_last();
-      const int8_t* wt = w + (static_cast<int64_t>(p) * (K / KT) + kk0) * kWStage;
-      const __half* xs = xw + static_cast<int64_t>(kk0) * kXStage;
-      int st = 0;
-      for (int it = 0; it < units; ++it) {
-        // Round r = it / kStages of stage st waits for the release of round r - 1's tile there:
-        // the empty barrier's phase r - 1.
-        if (it >= kStages) mbar_wait(empty + 8 * st, static_cast<uint32_t>(it / kStages - 1) & 1u);
-        mbar_arrive_tx(full + 8 * st, kTx);
-        bulk_copy(s_base + st * kWStage, wt + static_cast<int64_t>(it) * kWStage, kWStage, full + 8 * st, pw);
-        bulk_copy(x_base + st * (kXStage * 2), xs + static_cast<int64_t>(it) * kXStage, kXStage * 2, full + 8 * st, px);
-        if (++st == kStages) st = 0;
-      }
-    }
-    __syncwarp();  // the producer warp converged again before finish's barriers
-  } else {
-    const int g = lane >> 2, t = lane & 3, r0 = warp * 16 + g;  // this lane's rows r0 and r0 + 8
-    // Units t (k chunks 0, 1) and t + 4 (chunks 2, 3) of rows r0 and r0 + 8 (the same parity).
-    const int o0 = r0 * 128 + tiled_slot(r0, t) * 16, o1 = r0 * 128 + tiled_slot(r0, t + 4) * 16;
-    uint32_t fr[2][KT / 16][4];
-    const uint64_t x_desc = b_desc(smem + kStages * kWStage);
-    int st = 0, prev = 0;
-    uint32_t ph = 0;
-    // Tile it - 1's group has completed in this warp once tile it's is committed and all but the
-    // newest group waited for: this warp is done with its stage.
-    auto tile = [&](auto set, int it) {
-      constexpr int f = decltype(set)::value;
-      mbar_wait(full + 8 * st, ph);
-      const unsigned char* wr = smem + st * kWStage;
-      const uint64_t xs = x_desc + static_cast<uint32_t>(st * (kXStage * 2 / 16));
-      mma_ktile<NU, KT>(acc, fr[f], xs, [&](uint32_t(&fa)[KT / 16][4]) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v0 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0));            // row r0
-          const uint4 v1 = *reinterpret_cast<const uint4*>(wr + (h ? o1 : o0) + 8 * 128);  // row r0 + 8
-          const uint32_t lo0[2] = {v0.x, v0.y}, lo1[2] = {v1.x, v1.y}, hi0[2] = {v0.z, v0.w}, hi1[2] = {v1.z, v1.w};
-          // k chunk 2 h from the units' first 8 bytes, 2 h + 1 from their second (as wg_kernel
-          // orders the fragments of a chunk).
-          const uint32_t* c0[2] = {lo0, hi0};
-          const uint32_t* c1[2] = {lo1, hi1};
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            uint32_t a0[4], a1[4];
-            int8x4_to_half2x2(c0[j][0] ^ 0x80808080u, a0[0], a0[1]);
-            int8x4_to_half2x2(c0[j][1] ^ 0x80808080u, a0[2], a0[3]);
-            int8x4_to_half2x2(c1[j][0] ^ 0x80808080u, a1[0], a1[1]);
-            int8x4_to_half2x2(c1[j][1] ^ 0x80808080u, a1[2], a1[3]);
-            place_chunk<KT>(fa, 2 * h + j, a0, a1);
-          }
-        }
-      });
-      wg_wait<1>();
-#pragma unroll
-      for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-      if (it > 0 && lane == 0) mbar_arrive(empty + 8 * prev);
-      prev = st;
-      if (++st == kStages) st = 0, ph ^= 1u;
-    };
-    run_ktiles<NU>(units, acc, tile);
-  }
-  finish<NU, ws_stages(NU) * ws_stage_bytes(NU)>(acc, smem, N, B, ws, xscale, e, pair, warp < kThreads / 32);
+  finish<NU, smem_bytes(NU, KT)>(acc, smem, N, B, ws, xscale, e, pair);
 #else
   (void)w, (void)N, (void)K, (void)ks, (void)xw, (void)xscale, (void)B, (void)ws, (void)e;
   __trap();
@@ -598,38 +435,6 @@ template <int NU, int KT>
 void launch_nu(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
                cudaStream_t s) {
   wg_kernel<NU, KT><<<grid, kThreads, smem_bytes(NU, KT), s>>>(a.wi8, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
-}
-template <int NU>
-void launch_ws(dim3 grid, const GemvArgs& a, int ks, const __half* xw, const float* xscale, const Epi& e,
-               cudaStream_t s) {
-  ws_kernel<NU><<<grid, kWsThreads, ws_smem(NU), s>>>(a.wi8t, a.N, a.K, ks, xw, xscale, a.B, a.gemm.ws, e);
-}
-template <int... I>
-constexpr LaunchFn ws_table(int nu, std::integer_sequence<int, I...>) {
-  constexpr LaunchFn t[] = {&launch_ws<I + 1>...};
-  return t[nu - 1];
-}
-template <int... I>
-bool set_smem_ws(std::integer_sequence<int, I...>) {
-  return ((cudaFuncSetAttribute(ws_kernel<I + 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(ws_smem(I + 1))) == cudaSuccess) &&
-          ...);
-}
-// The tiled copy (see tiled_slot): tile p's k-tile kk at (p x K / 128 + kk) x 16 KB; rows past the
-// weight are zeros.
-__global__ void tile_kernel(const int8_t* w, int N, int K, bool paired, int8_t* wt) {
-  const int p = blockIdx.x, kk = blockIdx.y, ktt = K / 128;
-  int8_t* dst = wt + (static_cast<int64_t>(p) * ktt + kk) * (128 * 128);
-  for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {
-    const int r = i / 8, u = i % 8, n = tile_row(p, r, N, paired);
-    uint2 a = make_uint2(0u, 0u), b = make_uint2(0u, 0u);
-    if (n >= 0) {
-      const int8_t* row = w + static_cast<int64_t>(n) * K + kk * 128 + 8 * (u & 3) + 64 * (u >> 2);
-      a = *reinterpret_cast<const uint2*>(row);
-      b = *reinterpret_cast<const uint2*>(row + 32);
-    }
-    *reinterpret_cast<uint4*>(dst + r * 128 + tiled_slot(r, u) * 16) = make_uint4(a.x, a.y, b.x, b.y);
-  }
 }
 template <bool kWide, int... I>
 constexpr LaunchFn launch_table(int nu, std::integer_sequence<int, I...>) {
@@ -683,8 +488,7 @@ void init() {
   probe_kernel<<<1, 1>>>(d);
   const bool ran = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
   (void)cudaFree(d);
-  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{}) &&
-            set_smem_ws(std::make_integer_sequence<int, kTiledUnits>{});
+  g_avail = ran && h == 1 && set_smem(std::make_integer_sequence<int, kMaxUnits>{});
   (void)cudaGetLastError();  // a kernel image missing for this device is not an error: policy 0 runs
 }
 
@@ -728,27 +532,8 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   return best_s;
 }
 
-size_t tiled_elems(int N, int K, bool paired) {
-  return static_cast<size_t>(tile_count(N, paired)) * kRows * static_cast<size_t>(K);
-}
-
-void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaStream_t s) {
-  if (K % 128 != 0 || N < 1 || (paired && N % 2 != 0))
-    throw std::runtime_error("gemm_wg::tile_weights: K must be a multiple of 128 (and N even when paired)");
-  tile_kernel<<<dim3(tile_count(N, paired), K / 128), 256, 0, s>>>(w, N, K, paired, wt);
-}
-
-bool tiled_runs(const GemvArgs& a, int B) { return a.wi8t != nullptr && a.K % 128 == 0 && B >= 1 && B <= 128; }
-
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
-  const bool paired = tiled == 2;
-  if (paired && out >= 0 && out != static_cast<int>(GemvOut::kGateUp))
-    throw std::runtime_error("gemm_wg::launch: paired tiles end in the kGateUp epilogue only");
-  if (tiled == 1 && out == static_cast<int>(GemvOut::kGateUp))
-    throw std::runtime_error("gemm_wg::launch: a fused kGateUp epilogue reads paired tiles (tiled 2)");
-  if (tiled != 0 && (!wide || !tiled_runs(a, a.B)))
-    throw std::runtime_error("gemm_wg::launch: the tiled weights take k-tiles of 128 (K % 128 == 0, up to 128 rows)");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
   const int kt = a.K / KT, ks = (kt + S - 1) / S * KT;
@@ -763,9 +548,8 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kEmbRmsNorm: stage<GemvIn::kEmbRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
   }
-  const dim3 grid(tiles_of(a, paired ? static_cast<int>(GemvOut::kGateUp) : out), S);
+  const dim3 grid(tiles_of(a, out), S);
   Epi e;
-  e.paired = paired;
   if (out >= 0) {
     e.mode = out;
     e.w_scale = a.w_scale;
@@ -773,9 +557,7 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
     e.yf = a.yf;
     e.y_stride = a.y_stride;
   }
-  if (tiled != 0)
-    ws_table(nu, std::make_integer_sequence<int, kTiledUnits>{})(grid, a, ks, xw, xscale, e, s);
-  else if (wide)
+  if (wide)
     launch_table<true>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);
   else
     launch_table<false>(nu, std::make_integer_sequence<int, kMaxUnits>{})(grid, a, ks, xw, xscale, e, s);

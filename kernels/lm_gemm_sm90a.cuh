@@ -1,4 +1,4 @@
-// GEMM policies 4, 5, 8, 13 and 14 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
+// GEMM policies 4, 5 and 8 (kern::gemm_set_policy; policy 6, the default, takes 8 from 40 rows): the
 // batched int8-weight GEMM of lm_gemm.cu on Hopper's warpgroup MMA (wgmma), for up to kMaxRows batch rows
 // in one launch, so the weights are read once for the whole batch (policy 0 reads them once per
 // 64 rows). Built for sm_90a only (lm_gemm_sm90a.cu, its own library): elsewhere available() is
@@ -37,17 +37,6 @@ int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // (s < S = plan(), times each row's activation scale; the weight scale is the epilogue's, which
 // lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
 // epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
-// tiled (policy 13): 0 reads a.wi8; 1 reads the tiled copy a.wi8t on the warp-specialized kernel
-// (a ninth warp feeds the MMAs through the bulk copy engine and mbarriers: the same products,
-// sums and bits as policy 8's); 2 the same with kGateUp's paired tiles (the copy tile_weights()
-// made with paired). 1 and 2 need wide and tiled_runs().
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, int tiled = 0);
-// Policy 13's weight copy: the elements tile_weights() writes, and the copy itself (K % 128 == 0;
-// paired: kGateUp's tiles of 64 gate rows and their 64 up rows, N even). std::runtime_error on a
-// bad shape.
-size_t tiled_elems(int N, int K, bool paired);
-void tile_weights(const int8_t* w, int N, int K, bool paired, int8_t* wt, cudaStream_t s);
-// Whether a launch of B rows of `a` can read a.wi8t (set, K % 128 == 0, B <= 128).
-bool tiled_runs(const GemvArgs& a, int B);
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s);
 
 }  // namespace ppx::kern::gemm_wg

@@ -53,12 +53,6 @@ struct GemvArgs {
   // With wi8, optionally: the same values as bf16 (exact), which gemm_set_policy(3) multiplies
   // through cuBLAS; ignored otherwise.
   const __nv_bfloat16* wq = nullptr;
-  // With wi8, optionally: the same weights tiled for the wgmma GEMM (gemm_wg::tile_weights; GEMM
-  // policy 13 reads them where set): each (128-row tile, 128-column k-tile) block of 16 KB
-  // contiguous (its rows' bytes permuted for the MMA's loads), tiles in order, so a block's
-  // stream of its tile is one contiguous range and a k-tile one bulk copy. A kGateUp
-  // weight's tiles pair rows as policy 8's fused tiles do (64 gate rows, then their 64 up rows).
-  const int8_t* wi8t = nullptr;
   const __nv_bfloat16* x = nullptr;  // [B, x_stride]; kSiluGate reads [B, 2K] within the stride
   int64_t x_stride = 0;              // elements between batch rows of x
   int N = 0, K = 0, B = 1;           // K % 8 == 0, B >= 1 (kernels take kMaxGemvBatch rows at once)
@@ -97,13 +91,9 @@ void gemv_set_grid_policy(int policy);
 // policy 4 with k-tiles of 128 up to 128 rows (where K % 128 == 0). 6 (kGemmPolicyAuto, the default, what
 // ships): policy 8 for int8 weights from kGemmWgMinRows rows where gemm_wg_available(), else
 // policy 0. 8: policy 5, but a launch that runs one K slice applies the epilogue itself (no partial
-// sums written, no epilogue kernel; the same bits). 13 (an experiment, v0.30): policy 8 on a
-// warp-specialized kernel (a producer warp feeding the MMA warps through the bulk copy engine and
-// mbarriers) reading GemvArgs::wi8t where it is set and k-tiles of 128 run (up to 128 rows), else
-// 8; the same bits. 14 (an experiment, v0.30): policy 8 with 64-column MMAs where the batch
-// columns come in groups of 64; the same bits. 7 and 9 (v0.28), 10, 11 and 12 (v0.29) were experiments, not kept: they and
-// other values throw
-// std::invalid_argument. Not thread-safe; not for serving code.
+// sums written, no epilogue kernel; the same bits). 7 and 9 (v0.28), 10, 11 and 12 (v0.29), 13 and 14
+// (v0.30-v0.31: a warp-specialized kernel fed by the bulk copy engine from a tiled weight copy, and
+// 64-column MMAs) were experiments, not kept: they and other values throw std::invalid_argument. Not thread-safe; not for serving code.
 constexpr int kGemmPolicyAuto = 6;
 constexpr int kGemmWgMinRows = 40;
 void gemm_set_policy(int policy);

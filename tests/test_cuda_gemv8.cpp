@@ -199,10 +199,6 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
       xstage(kern::gemm_xstage_elems(static_cast<int>(mb), K));
   cuda::DeviceBuffer<__nv_fp8_e4m3> q(wn);
   cuda::DeviceBuffer<__nv_bfloat16> wq(int8 ? wn : 0);  // the int8 values as bf16 (gemm policy 3)
-  // The int8 weights tiled for the wgmma GEMM (gemm policy 13; K % 128 == 0, kGateUp paired).
-  const bool tiled = int8 && K % 128 == 0 && kern::gemm_policy() == 13;
-  const bool paired = c.out == GemvOut::kGateUp;
-  cuda::DeviceBuffer<int8_t> wt(tiled ? kern::gemm_wg::tiled_elems(N, K, paired) : 0);
   cuda::DeviceBuffer<float> scale(N), yf(mb * N), ws(kern::gemm_ws_floats(static_cast<int>(mb), N));
   const uint64_t seed = static_cast<uint64_t>(N) * 131 + K;
   kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), seed, 0.02f, 0.f, nullptr);
@@ -217,7 +213,6 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
   if (int8) {
     kern::quantize_int8_rows(w.get(), N, K, reinterpret_cast<int8_t*>(q.get()), scale.get(), nullptr);
     kern::int8_to_bf16(reinterpret_cast<const int8_t*>(q.get()), wq.get(), static_cast<int64_t>(wn), nullptr);
-    if (tiled) kern::gemm_wg::tile_weights(reinterpret_cast<const int8_t*>(q.get()), N, K, paired, wt.get(), nullptr);
   } else {
     kern::quantize_fp8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
   }
@@ -247,7 +242,6 @@ void check_case(const Case& c, bool int8 = false, const std::vector<int>& batche
       a.wi8 = reinterpret_cast<const int8_t*>(q.get());
       a.w_scale = scale.get();
       a.wq = wq.get();
-      a.wi8t = tiled ? wt.get() : nullptr;
     } else {
       a.w8 = q.get();
       a.w_scale = scale.get();
@@ -429,7 +423,7 @@ TEST(CudaGemv8, WgmmaGemmMatchesHostReference) {
       EXPECT_GT(kern::gemm_wg::plan(a, B, 132, false), 0) << "N=" << c.N << " K=" << c.K << " B=" << B;
     }
   }
-  for (int policy : {4, 5, 8, 13}) {
+  for (int policy : {4, 5, 8}) {
   SCOPED_TRACE(testing::Message() << "gemm policy " << policy);
   kern::gemm_set_policy(policy);
   for (const Case& c : cases) {  // every batch on the small shapes; the model's at fewer (host reference time)
@@ -444,10 +438,10 @@ TEST(CudaGemv8, WgmmaGemmMatchesHostReference) {
   kern::gemm_set_policy(kern::kGemmPolicyAuto);  // as shipped
 }
 
-// Policy 8 (policy 5, but a launch of one K slice applies the epilogue itself), policy 13 (8 on
-// the warp-specialized kernel, reading a tiled copy of the weights) write the same bits as policy 5 (the epilogue kernel's sum and
-// rounding), on shapes and batches where it runs one K slice and several (there it is policy 5),
-// every epilogue, partial tiles and a kGateUp whose half is not a multiple of 64.
+// Policy 8 (policy 5, but a launch of one K slice applies the epilogue itself) writes the same bits
+// as policy 5 (the epilogue kernel's sum and rounding), on shapes and batches where it runs one K
+// slice and several (there it is policy 5), every epilogue, partial tiles and a kGateUp whose half
+// is not a multiple of 64.
 TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
   SKIP_WITHOUT_GPU();
   kern::gemv_init();
@@ -476,16 +470,10 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
     kern::fill_random_bf16(alpha.get(), K, seed + 2, 0.05f, 1.f, nullptr);
     kern::fill_random_bf16(y0.get(), static_cast<int64_t>(y0.size()), seed + 3, 0.01f, 0.f, nullptr);
     kern::quantize_int8_rows(w.get(), N, K, q.get(), scale.get(), nullptr);
-    // Policy 13 reads a tiled copy (K % 128 == 0; kGateUp paired): the same products in the same
-    // order, so policy 5's bits too.
-    const bool tiled = K % 128 == 0, paired = c.out == GemvOut::kGateUp;
-    cuda::DeviceBuffer<int8_t> wt(tiled ? kern::gemm_wg::tiled_elems(N, K, paired) : 0);
-    if (tiled) kern::gemm_wg::tile_weights(q.get(), N, K, paired, wt.get(), nullptr);
     for (const int B : batches) {
       SCOPED_TRACE(testing::Message() << name(c.in) << "/" << name(c.out) << " N=" << N << " K=" << K << " B=" << B);
       kern::GemvArgs a;
       a.wi8 = q.get();
-      a.wi8t = tiled ? wt.get() : nullptr;
       a.w_scale = scale.get();
       a.gemm = kern::GemmScratch{xstage.get(), ws.get(), ws.size(), xstage.size()};
       set_io(a, c, x.get(), B, alpha.get(), y.get(), yf.get());
@@ -493,11 +481,10 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
       const int S = kern::gemm_wg::plan(a, std::min(B, kern::gemm_wg::kMaxRows), sms, true);
       ASSERT_GT(S, 0);
       (S == 1 ? one_slice : several) = true;
-      const int policies[] = {5, 8, 13};
-      constexpr int kP = static_cast<int>(std::size(policies));
-      std::vector<uint16_t> out_y[kP];
-      std::vector<uint32_t> out_f[kP];
-      for (int i = 0; i < kP; ++i) {
+      const int policies[] = {5, 8};
+      std::vector<uint16_t> out_y[2];
+      std::vector<uint32_t> out_f[2];
+      for (int i = 0; i < 2; ++i) {
         kern::gemm_set_policy(policies[i]);
         PPX_CUDA_CHECK(cudaMemcpy(y.get(), y0.get(), y0.bytes(), cudaMemcpyDeviceToDevice));
         PPX_CUDA_CHECK(cudaMemset(yf.get(), 0xff, yf.bytes()));
@@ -507,13 +494,10 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
         out_y[i] = to_host_raw(reinterpret_cast<const uint16_t*>(y.get()), static_cast<size_t>(B) * a.y_stride);
         out_f[i] = to_host_raw(reinterpret_cast<const uint32_t*>(yf.get()), static_cast<size_t>(B) * NO);
       }
-      for (int i = 1; i < kP; ++i) {
-        size_t diff = 0;
-        for (size_t k = 0; k < out_y[0].size(); ++k) diff += out_y[0][k] != out_y[i][k];
-        for (size_t k = 0; k < out_f[0].size(); ++k) diff += out_f[0][k] != out_f[i][k];
-        EXPECT_EQ(diff, 0u) << "policy " << policies[i] << ": outputs that differ in any bit from policy 5's (K slices: "
-                            << S << ")";
-      }
+      size_t diff = 0;
+      for (size_t k = 0; k < out_y[0].size(); ++k) diff += out_y[0][k] != out_y[1][k];
+      for (size_t k = 0; k < out_f[0].size(); ++k) diff += out_f[0][k] != out_f[1][k];
+      EXPECT_EQ(diff, 0u) << "outputs that differ in any bit (K slices: " << S << ")";
     }
   }
   EXPECT_TRUE(one_slice) << "no case ran one K slice";
@@ -521,11 +505,11 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
   kern::gemm_set_policy(kern::kGemmPolicyAuto);  // as shipped
 }
 
-// The GEMM policy hook takes 0-6, 8, 13 and 14 (7, 9, 10, 11 and 12 were experiments that left the code);
-// the check comes before any CUDA call, so this runs without a GPU.
+// The GEMM policy hook takes 0-6 and 8 (7 and 9-14 were experiments that left the code); the
+// check comes before any CUDA call, so this runs without a GPU.
 TEST(CudaGemv8, GemmPolicyOutsideTheListThrows) {
   const int before = kern::gemm_policy();
-  for (int p : {-1, 7, 9, 10, 11, 12, 14, 15}) EXPECT_THROW(kern::gemm_set_policy(p), std::invalid_argument) << p;
+  for (int p : {-1, 7, 9, 10, 11, 12, 13, 14, 15}) EXPECT_THROW(kern::gemm_set_policy(p), std::invalid_argument) << p;
   EXPECT_EQ(kern::gemm_policy(), before);
 }
 

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "lm_attention.cuh"
-#include "lm_gemm_sm90a.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
 #include "lm_quant.cuh"
@@ -84,8 +83,6 @@ LinearWeight LinearWeight::rows_from(int64_t first) const {
   if (wi8) r.wi8 = wi8 + first * cols;
   if (w_scale) r.w_scale = w_scale + first;
   if (wq) r.wq = wq + first * cols;
-  // The tiled copy holds whole 128-row tiles: a slice starting inside one has none.
-  if (wi8t) r.wi8t = first % 128 == 0 ? wi8t + first * cols : nullptr;
   return r;
 }
 
@@ -98,7 +95,6 @@ void LinearWeight::set(kern::GemvArgs& a) const {
   a.wi8 = wi8;
   a.w_scale = q ? w_scale : nullptr;
   a.wq = wi8 ? wq : nullptr;
-  a.wi8t = wi8 ? wi8t : nullptr;
 }
 
 void enqueue_depformer_inputs(const CudaLm& lm, const DepformerIo& io, int first, int steps, cudaStream_t s) {
@@ -226,7 +222,6 @@ void CudaLm::bind() {
       if (opt_.w8_int8) {
         lw.wi8 = reinterpret_cast<const int8_t*>(arena8_.get() + t.off8);
         if (arena_q_.size()) lw.wq = arena_q_.get() + t.off8;
-        if (arena_t_.size() && t.off_tiled >= 0) lw.wi8t = arena_t_.get() + t.off_tiled;
       } else {
         lw.w8 = arena8_.get() + t.off8;
       }
@@ -274,9 +269,6 @@ void CudaLm::bind() {
     if (depformer_in[s].w != want.w || depformer_in[s].w8 != want.w8 || depformer_in[s].wi8 != want.wi8 ||
         depformer_in[s].w_scale != want.w_scale)
       throw Error("depformer input projections are not contiguous in the weight arena");
-    // Policy 13's tiled copies are made per tensor, each padded to whole 128-row tiles: they line
-    // up as one matrix's only when each holds whole tiles (else the GEMM reads the int8 rows).
-    if (depformer_in[s].wi8t != want.wi8t) depformer_in_all.wi8t = nullptr;
   }
 }
 
@@ -327,32 +319,6 @@ void CudaLm::quantize_linears() {
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   arena_ = std::move(kept);
   weight_bytes_ = arena_.bytes() + arena8_.bytes() + scales_.bytes();
-  if (opt_.w8_int8 && kern::gemm_policy() == 13) {
-    // A kGateUp weight (the FFNs' linear_in) is tiled in pairs, as the GEMM reads it; the heads and
-    // the depformer's per-step slices start on whole tiles (rows_from() checks). Only the temporal
-    // weights of 2^25 elements or more: v0.30 measured policy 13 faster on the large temporal
-    // shapes (QKV, FFN in and out, the text head) and slower on the others (the attention's output
-    // projection, every depformer weight), which then run policy 8.
-    size_t total_t = 0;
-    for (Tensor& t : tensors_) {
-      if (!t.linear || t.shape[1] % 128 != 0 || t.shape[0] * t.shape[1] < (int64_t{1} << 25) ||
-          t.key.rfind("depformer", 0) == 0)
-        continue;
-      const bool paired = t.key.find("linear_in") != std::string::npos;
-      if (paired && t.shape[0] % 2 != 0) continue;
-      t.off_tiled = static_cast<int64_t>(total_t);
-      total_t += kern::gemm_wg::tiled_elems(static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1]), paired);
-    }
-    arena_t_.resize(total_t);
-    for (const Tensor& t : tensors_) {
-      if (t.off_tiled < 0) continue;
-      const bool paired = t.key.find("linear_in") != std::string::npos;
-      kern::gemm_wg::tile_weights(reinterpret_cast<const int8_t*>(arena8_.get() + t.off8), static_cast<int>(t.shape[0]),
-                                  static_cast<int>(t.shape[1]), paired, arena_t_.get() + t.off_tiled, nullptr);
-      PPX_CUDA_CHECK(cudaGetLastError());
-    }
-    PPX_CUDA_CHECK(cudaDeviceSynchronize());
-  }
   if (opt_.w8_int8 && kern::gemm_policy() == 3) {
     arena_q_.resize(total8);
     kern::int8_to_bf16(reinterpret_cast<const int8_t*>(arena8_.get()), arena_q_.get(), static_cast<int64_t>(total8),

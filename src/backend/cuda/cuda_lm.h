@@ -77,9 +77,6 @@ struct LinearWeight {
   // With wi8 under kern::gemm_set_policy(3) when the model was built: its values as bf16 (exact),
   // for that measurement hook's cuBLAS GEMM (kern::GemvArgs::wq).
   const __nv_bfloat16* wq = nullptr;
-  // With wi8 under kern::gemm_set_policy(12) when the model was built: the copy tiled for the wgmma
-  // GEMM (kern::GemvArgs::wi8t; K % 128 == 0 only, else null).
-  const int8_t* wi8t = nullptr;
   int64_t cols = 0;
   bool fp8() const { return w8 != nullptr; }
   bool int8() const { return wi8 != nullptr; }
@@ -136,7 +133,6 @@ class CudaLm {
     bool linear = false;
     size_t off = 0, off8 = 0, off_scale = 0;
     bool in_fp8 = false;
-    int64_t off_tiled = -1;  // policy 13: its tiled copy in arena_t_ (-1: none)
   };
   void allocate();
   void bind();              // the pointers above from tensors_ and the arenas
@@ -153,10 +149,6 @@ class CudaLm {
   // what policy 3's batched steps read (free memory is measured after loading, so the memory
   // limit is right).
   DeviceBuffer<__nv_bfloat16> arena_q_;
-  // int8 weights built under kern::gemm_set_policy(12): each weight with K % 128 == 0 tiled for
-  // the wgmma GEMM (kern::gemm_wg::tile_weights; kGateUp weights paired), beside arena8_ (a
-  // measurement hook, not counted in weight_bytes() either).
-  DeviceBuffer<int8_t> arena_t_;
   size_t weight_bytes_ = 0;
 };
 
