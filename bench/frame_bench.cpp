@@ -52,7 +52,8 @@
 #include <thread>
 
 #if defined(PPX_HAVE_CUDA)
-#include <cuda_runtime.h>  // cudaMemGetInfo (device_free_bytes)
+#include <cuda_profiler_api.h>  // cudaProfilerStart / Stop (--profile-steps)
+#include <cuda_runtime.h>       // cudaMemGetInfo (device_free_bytes)
 
 #include "backend/cuda/cuda_mimi.h"  // cuda::set_mimi_blas_rows (--mimi-blas-rows)
 #include "backend/cuda/cuda_util.h"  // PPX_CUDA_CHECK
@@ -508,7 +509,8 @@ int bench_sweep(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, 
 
 // --lm-batch (see the top of this file).
 int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& mf, const std::vector<int>& sizes,
-                   int frames, int warmup, int prefill, int argc, char** argv, const std::string& out) {
+                   int frames, int warmup, int prefill, int profile_steps, int argc, char** argv,
+                   const std::string& out) {
   const ppx::LmConfig& c = *m.cfg.lm;
   const int max_b = *std::max_element(sizes.begin(), sizes.end());
   auto batch = m.backend->lm_batch(max_b, m.dep_steps);
@@ -560,10 +562,18 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
         req[b] = ppx::StepRequest{input[b].data(), nullptr, target[b].data(), provided[b].data(), nullptr};
         steps[b] = ppx::BatchStep{b, &req[b], &res[b], nullptr};
       }
+      // --profile-steps: the last timed steps of the largest batch inside the profiler's range.
+#if defined(PPX_HAVE_CUDA)
+      if (profile_steps > 0 && B == max_b && f == prefill + warmup + frames - profile_steps)
+        PPX_CUDA_CHECK(cudaProfilerStart());
+#endif
       const double t0 = ppx::app::now_ms();
       batch->run(steps.data(), B);
       if (f >= prefill + warmup) ms.push_back(ppx::app::now_ms() - t0);
     }
+#if defined(PPX_HAVE_CUDA)
+    if (profile_steps > 0 && B == max_b) PPX_CUDA_CHECK(cudaProfilerStop());
+#endif
     nlohmann::ordered_json e;
     e["batch"] = B;
     e["prefill_positions"] = prefilled;
@@ -576,6 +586,7 @@ int bench_lm_batch(const ppx::app::LoadedModel& m, const ppx::app::ModelFlags& m
   j["frames"] = frames;
   j["warmup"] = warmup;
   j["prefill"] = prefill;
+  j["profile_steps"] = profile_steps;
   j["batches"] = per_b;
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);
@@ -660,6 +671,12 @@ int bench(int argc, char** argv) {
   app.add_option("--lm-batch", batch_sizes,
                  "time the batched LM step alone (no codec, no scheduler thread) at each of these batch sizes")
       ->check(CLI::Range(1, 4096));
+  int profile_steps = 0;
+  app.add_option("--profile-steps", profile_steps,
+                 "with --lm-batch: the last N timed steps of the largest batch run inside a CUDA profiler range "
+                 "(cudaProfilerStart / Stop), so that a profiler started with its capture off (ncu "
+                 "--profile-from-start off) measures only those steps, after the prefill; CUDA builds only")
+      ->check(CLI::Range(0, 100000000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -669,6 +686,9 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy >= 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
+  if (profile_steps > 0 && (batch_sizes.empty() || mf.device != "cuda"))
+    throw ppx::Error("--profile-steps needs --lm-batch and --device cuda");
+  if (profile_steps > frames) throw ppx::Error("--profile-steps cannot exceed --frames (it profiles timed steps)");
   if (attention_policy >= 0 && mf.device != "cuda") throw ppx::Error("--attention-policy needs --device cuda");
   if ((codec_hold || codec_gather_ms > 0) && (per_session_codec || (sessions == 0 && sweep.empty())))
     throw ppx::Error(std::string(codec_hold ? "--codec-hold" : "--codec-gather-ms") +
@@ -708,7 +728,7 @@ int bench(int argc, char** argv) {
     if (sessions > 0 || soak_minutes > 0 || prompt_steps > 0)
       throw ppx::Error("--lm-batch cannot be combined with --sessions, --soak or --prompt-steps");
     const ppx::app::LoadedModel m = ppx::app::load_model(mf);
-    return bench_lm_batch(m, mf, batch_sizes, frames, warmup, prefill, argc, argv, out);
+    return bench_lm_batch(m, mf, batch_sizes, frames, warmup, prefill, profile_steps, argc, argv, out);
   }
   if (prefill > 0 && sessions == 0) throw ppx::Error("--prefill needs --sessions, --sweep or --lm-batch");
   if (prompt_steps > 0 && sessions == 0) throw ppx::Error("--prompt-steps needs --sessions or --sweep");

@@ -24,6 +24,8 @@
 #   NCU_LM [""]               "ROWS:FLAGS" (e.g. "64:--fast --kv-fp8"): GPU time per kernel name over one
 #                             --lm-batch ROWS step with empty contexts (ncu summary; the set-up's kernels
 #                             are listed too, their names tell them apart); "" skips
+#   NCU_LM_PREFILL [0]        with NCU_LM: fill every context with this many steps first (2999: full) and
+#                             profile only the last timed step (--profile-steps 1, ncu --profile-from-start off)
 #   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
 #                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel); NCU_ATTN_SKIP ["96"]:
 #                             launches of that kernel skipped first, one profile per value (96: policy 0's
@@ -98,10 +100,15 @@ for spec in ${NCU_MIMI:-}; do
 done
 if [ -n "${NCU_LM:-}" ] && ! late; then
   rows=${NCU_LM%%:*} lmflags=${NCU_LM#*:}
+  if [ "${NCU_LM_PREFILL:-0}" -gt 0 ]; then
+    lmrange=(--prefill "$NCU_LM_PREFILL" --frames 2 --warmup 1 --profile-steps 1) ncurange=(--profile-from-start off)
+  else
+    lmrange=(--frames 1 --warmup 0) ncurange=()
+  fi
   # shellcheck disable=SC2086
-  timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    "$B/personaplex-bench" --device cuda --random-weights $lmflags --lm-batch "$rows" --frames 1 --warmup 0 \
-    --out "$raw/ncu_lm.json" >"$raw/ncu_lm.txt" 2>&1
+  timeout 300 ncu "${ncurange[@]}" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --print-summary per-kernel "$B/personaplex-bench" --device cuda --random-weights $lmflags --lm-batch "$rows" \
+    "${lmrange[@]}" --out "$raw/ncu_lm.json" >"$raw/ncu_lm.txt" 2>&1
   note "ncu lm step ($NCU_LM) rc=$?"
   python3 scripts/ncu_summary.py "$raw/ncu_lm.txt" | sed "s/^/  [lm step] /" >>"$summary"
 fi
