@@ -197,42 +197,28 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// The A fragments of 32-wide k chunk c (k16 steps 2c and 2c + 1) from a lane's 8 converted bytes
-// of rows g (a0) and g + 8 (a1).
-template <int KT>
-__device__ __forceinline__ void place_chunk(uint32_t (&fr)[KT / 16][4], int c, const uint32_t* a0, const uint32_t* a1) {
-  fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
-  fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2], fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
-}
-
-// One k-tile of a warpgroup's MMAs, committed as one group: load(fr) places every A fragment of
-// the tile first, then the MMAs over the activations at descriptor xs.
-template <int NU, int KT, class Load>
-__device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], uint64_t xs, Load&& load) {
-  constexpr int kBp = NU * 16;
+// One k-tile of a warpgroup's MMAs, committed as one group: every A fragment of the tile first
+// (k16 steps 2c and 2c + 1 of 32-wide chunk c; rows g and g + 8 of this warp's 16 at wr and 8
+// pitches further) converted into fr, then the MMAs over the activations at descriptor xs.
+template <int NU, int KT>
+__device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], const unsigned char* wr,
+                                          uint64_t xs, int t) {
+  constexpr int kBp = NU * 16, kWPitch = w_pitch(KT);
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
-  load(fr);
+#pragma unroll
+  for (int c = 0; c < KT / 32; ++c) {
+    uint32_t a0[4], a1[4];  // rows g and g + 8
+    int8x8_to_half(wr + c * 32 + 8 * t, a0);
+    int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+    fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
+    fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2];
+    fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
+  }
   wg_fence();
 #pragma unroll
   for (int k16 = 0; k16 < KT / 16; ++k16) mma_step<NU>(acc, fr[k16], xs + k16 * (kBp / 8) * 128 * 2 / 16);
   wg_commit();
-}
-
-// The k-tiles [0, units) of a block: tile(set, it) for each, the fragments alternating between
-// register sets 0 and 1 (one tile's MMA group stays in flight while the next tile's fragments are
-// converted into the other set), then the last group waited for.
-template <int NU, class Tile>
-__device__ __forceinline__ void run_ktiles(int units, float* acc, Tile&& tile) {
-  int it = 0;
-  for (; it + 1 < units; it += 2) {
-    tile(std::integral_constant<int, 0>{}, it);
-    tile(std::integral_constant<int, 1>{}, it + 1);
-  }
-  if (it < units) tile(std::integral_constant<int, 0>{}, it);
-  wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
 }
 
 #endif
@@ -398,22 +384,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWPitch;
     const uint64_t xs = x_desc + static_cast<uint32_t>(cs * (kXStage * 2 / 16));
     cs = cs + 1 == kStages ? 0 : cs + 1;
-    // Into the set no group in flight reads (tile it - 2's, completed): chunk c of rows g and
-    // g + 8 (wr and 8 pitches further).
-    mma_ktile<NU, KT>(acc, fr[f], xs, [&](uint32_t(&fa)[KT / 16][4]) {
-#pragma unroll
-      for (int c = 0; c < KT / 32; ++c) {
-        uint32_t a0[4], a1[4];
-        int8x8_to_half(wr + c * 32 + 8 * t, a0);
-        int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
-        place_chunk<KT>(fa, c, a0, a1);
-      }
-    });
+    // Into the set no group in flight reads (tile it - 2's, completed).
+    mma_ktile<NU, KT>(acc, fr[f], wr, xs, t);
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   };
-  run_ktiles<NU>(units, acc, tile);
+  int it = 0;
+  for (; it + 1 < units; it += 2) {
+    tile(std::integral_constant<int, 0>{}, it);
+    tile(std::integral_constant<int, 1>{}, it + 1);
+  }
+  if (it < units) tile(std::integral_constant<int, 0>{}, it);
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
   cp_async_wait<0>();
   finish<NU, smem_bytes(NU, KT)>(acc, smem, N, B, ws, xscale, e, pair);
 #else

@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -23,11 +22,6 @@ class ServerProcess {
   explicit ServerProcess(const std::vector<std::string>& extra) {
     log_ = ppx::test::scratch("server_process_" + std::to_string(counter_) + ".log");
     err_ = ppx::test::scratch("server_process_" + std::to_string(counter_++) + ".err");
-    // The scratch folder is named by the test's pid, which an earlier process may have had (a
-    // reused pid, /tmp kept between runs): a stale log's ready line would give port() a dead port
-    // before the child truncates the file. Remove both first.
-    std::filesystem::remove(log_);
-    std::filesystem::remove(err_);
     const char* bin = std::getenv("PPX_SERVER_BIN");  // where the binaries run from another tree
     std::vector<std::string> args = {bin ? bin : PPX_SERVER_BIN, "--host", "127.0.0.1", "--port",
                                      "0"};

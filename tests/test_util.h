@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,10 +37,22 @@ inline std::string config_dir(const std::string& name) {
 }
 
 // A path in a scratch directory private to this process: ctest runs test cases as parallel
-// processes, so shared names would race.
+// processes, so shared names would race. The directory is named by the pid, and pids are reused
+// across runs on one machine, so the first call in a process (a forked child included) empties
+// whatever an earlier process of that pid left there.
 inline std::string scratch(const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / "ppx_tests" / std::to_string(::getpid());
+  static std::mutex mu;
+  static pid_t emptied = 0;
+  const pid_t pid = ::getpid();
+  const auto dir = std::filesystem::temp_directory_path() / "ppx_tests" / std::to_string(pid);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (emptied != pid) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      emptied = pid;
+    }
+  }
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
