@@ -26,6 +26,10 @@
 #                             are listed too, their names tell them apart); "" skips
 #   NCU_LM_PREFILL [0]        with NCU_LM: fill every context with this many steps first (2999: full) and
 #                             profile only the last timed step (--profile-steps 1, ncu --profile-from-start off)
+#   NSYS_LM [""]              "ROWS:FLAGS": an Nsight Systems timeline (graph nodes traced) of NSYS_STEPS [5]
+#                             --lm-batch ROWS steps after NSYS_PREFILL [2999] fill steps (--profile-steps, the
+#                             capture range); scripts/nsys_steps.py reports per step the wall span of its
+#                             kernels, their summed time and the GPU's idle gaps; "" skips (nsys needed)
 #   NCU_ATTN [0]              1: Nsight Compute (full set) on one launch of the shipped fp8 attention
 #                             kernel at 64 rows and 3000 keys (attention_fp8_mma_kernel); NCU_ATTN_SKIP ["96"]:
 #                             launches of that kernel skipped first, one profile per value (96: policy 0's
@@ -111,6 +115,22 @@ if [ -n "${NCU_LM:-}" ] && ! late; then
     "${lmrange[@]}" --out "$raw/ncu_lm.json" >"$raw/ncu_lm.txt" 2>&1
   note "ncu lm step ($NCU_LM) rc=$?"
   python3 scripts/ncu_summary.py "$raw/ncu_lm.txt" | sed "s/^/  [lm step] /" >>"$summary"
+fi
+if [ -n "${NSYS_LM:-}" ] && ! late; then
+  if command -v nsys >/dev/null 2>&1; then
+    rows=${NSYS_LM%%:*} lmflags=${NSYS_LM#*:} nsteps=${NSYS_STEPS:-5}
+    # shellcheck disable=SC2086
+    timeout 300 nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node \
+      --trace=cuda -o "$raw/nsys_lm" -f true "$B/personaplex-bench" --device cuda --random-weights $lmflags \
+      --lm-batch "$rows" --prefill "${NSYS_PREFILL:-2999}" --frames "$nsteps" --warmup 2 --profile-steps "$nsteps" \
+      --out "$raw/nsys_lm.json" >"$raw/nsys_lm.log" 2>&1
+    note "nsys lm steps ($NSYS_LM) rc=$?"
+    nsys stats --report cuda_gpu_trace --format csv --output "$raw/nsys_lm" "$raw/nsys_lm.nsys-rep" >"$raw/nsys_stats.log" 2>&1
+    note "nsys stats rc=$?"
+    python3 scripts/nsys_steps.py "$raw"/nsys_lm*cuda_gpu_trace*.csv "$raw/nsys_lm.json" 2>&1 | sed "s/^/  [nsys] /" >>"$summary"
+  else
+    note "nsys not found: NSYS_LM skipped"
+  fi
 fi
 if [ "${NCU_ATTN:-0}" = 1 ]; then
   # Policies run in the order 2 (scalar), 3 (lean, 3 stages), 0 (shipped), 4 (v0.18's), 5 (lean, 4
