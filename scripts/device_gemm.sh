@@ -110,9 +110,10 @@ if [ -n "${NCU_LM:-}" ] && ! late; then
     lmrange=(--frames 1 --warmup 0) ncurange=()
   fi
   # shellcheck disable=SC2086
+  # ncu's report in its own file: the bench's JSON on stdout would interleave with the kernel names.
   timeout 300 ncu "${ncurange[@]}" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
-    --print-summary per-kernel "$B/personaplex-bench" --device cuda --random-weights $lmflags --lm-batch "$rows" \
-    "${lmrange[@]}" --out "$raw/ncu_lm.json" >"$raw/ncu_lm.txt" 2>&1
+    --print-summary per-kernel --log-file "$raw/ncu_lm.txt" "$B/personaplex-bench" --device cuda --random-weights \
+    $lmflags --lm-batch "$rows" "${lmrange[@]}" --out "$raw/ncu_lm.json" >"$raw/ncu_lm_app.log" 2>&1
   note "ncu lm step ($NCU_LM) rc=$?"
   python3 scripts/ncu_summary.py "$raw/ncu_lm.txt" | sed "s/^/  [lm step] /" >>"$summary"
 fi
