@@ -412,8 +412,21 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_rows_kernel(GemvArg
         *reinterpret_cast<const uint4*>(xs + k);
 }
 
+// The epilogue kernel over c's outputs from S partial sums in ws.
+void launch_epilogue(GemvOut out, const GemvArgs& c, const float* ws, int S, cudaStream_t s) {
+  const int rows = out == GemvOut::kGateUp ? c.N / 2 : c.N;
+  const dim3 eg((rows + 127) / 128, c.B);
+  switch (out) {
+    case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, ws, S); break;
+    case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, ws, S); break;
+    case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, ws, S); break;
+    case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, ws, S); break;
+  }
+}
+
 int g_sms = 0;
 int g_policy = kGemmPolicyAuto;  // gemm_set_policy()
+bool g_chain = true;              // gemm_set_chain()
 // Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
 // measurement hook of the benchmarks and tests).
 cublasHandle_t g_blas = nullptr;
@@ -511,6 +524,8 @@ void gemm_set_policy(int policy) {
   g_policy = policy;
 }
 int gemm_policy() { return gemm_impl::g_policy; }
+void gemm_set_chain(bool on) { gemm_impl::g_chain = on; }
+bool gemm_chain() { return gemm_impl::g_chain; }
 bool gemm_wg_available() { return gemm_wg::available(); }
 
 size_t gemm_xstage_elems(int B, int max_k) {
@@ -526,6 +541,19 @@ size_t gemm_ws_floats(int B, int max_n) {
   const size_t wg =
       static_cast<size_t>(std::min(B, gemm_wg::kMaxRows)) * static_cast<size_t>(max_n) + gemm_wg::kScaleFloats;
   return std::max(split, wg);
+}
+
+void gemm_chain_flush(const GemmScratch& g, cudaStream_t s) {
+  GemmChain* c = g.chain;
+  if (c == nullptr || !c->pending) return;
+  GemvArgs e;
+  e.N = c->N;
+  e.B = c->B;
+  e.y = c->y;
+  e.y_stride = c->y_stride;
+  e.w_scale = c->w_scale;
+  gemm_impl::launch_epilogue(static_cast<GemvOut>(c->out), e, g.ws, c->slices, s);
+  c->pending = false;
 }
 }  // namespace ppx::kern
 
@@ -558,16 +586,8 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     x = a.gemm.xstage;
     xs = a.K;
   };
-  auto epilogue = [&](const GemvArgs& c, int S) {
-    const int rows = out == GemvOut::kGateUp ? a.N / 2 : a.N;
-    const dim3 eg((rows + 127) / 128, c.B);
-    switch (out) {
-      case GemvOut::kStore: epilogue_kernel<GemvOut::kStore><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kResidual: epilogue_kernel<GemvOut::kResidual><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kLogits: epilogue_kernel<GemvOut::kLogits><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-      case GemvOut::kGateUp: epilogue_kernel<GemvOut::kGateUp><<<eg, 128, 0, s>>>(c, a.gemm.ws, S); break;
-    }
-  };
+  auto epilogue = [&](const GemvArgs& c, int S) { launch_epilogue(out, c, a.gemm.ws, S, s); };
+  GemmChain* chain = a.gemm.chain;
   // Policy 3 (gemm_set_policy; an experiment, not shipped): cuBLAS's bf16 GEMM over all B rows,
   // ws [B, N] = x [B, K] . W [N, K]^T with fp32 sums, on the bf16 weights or on the int8 weights'
   // exact bf16 copy (bf16 x bf16 products are exact in fp32, as ours are), then the same epilogue
@@ -583,6 +603,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
                                std::to_string(a.B) + ", N = " + std::to_string(a.N) + ")");
     const __nv_bfloat16* x = nullptr;
     int64_t xs = 0;
+    gemm_chain_flush(a.gemm, s);
     stage(x, xs);
     const float one = 1.f, zero = 0.f;
     blas_check(cublasSetStream(g_blas, s), "cublasSetStream");
@@ -602,6 +623,14 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
+    // A chain (GemvArgs::defer): the pending epilogue whose output this launch reads runs inside
+    // its staging kernel; one this launch cannot take runs first. A launch of one row chunk whose
+    // epilogue is a kernel of its own (several K slices) leaves it pending when the caller defers.
+    const bool single = a.B <= gemm_wg::kMaxRows;
+    const bool fuse = chain != nullptr && chain->pending && single &&
+                      (in == GemvIn::kPlain || in == GemvIn::kRmsNorm) && a.x == chain->y &&
+                      a.x_stride == chain->y_stride && a.B == chain->B;
+    if (!fuse) gemm_chain_flush(a.gemm, s);
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
       c.B = std::min(a.B - b0, gemm_wg::kMaxRows);
@@ -613,8 +642,20 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       // Policy 8 fuses where policy 5's plan runs one K slice, so it computes what 5 computes.
       const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
       const int fo = S == 1 ? fout : -1;
-      gemm_wg::launch(in, c, S, wide, fo, s);
-      if (fo < 0) epilogue(c, S);
+      gemm_wg::launch(in, c, S, wide, fo, s, fuse ? chain : nullptr);
+      if (fuse) chain->pending = false;
+      if (fo < 0 && a.defer && g_chain && chain != nullptr && single && out != GemvOut::kLogits) {
+        chain->pending = true;
+        chain->out = static_cast<int>(out);
+        chain->slices = S;
+        chain->y = c.y;
+        chain->y_stride = c.y_stride;
+        chain->w_scale = c.w_scale;
+        chain->N = c.N;
+        chain->B = c.B;
+      } else if (fo < 0) {
+        epilogue(c, S);
+      }
     }
     return true;
   }
@@ -673,6 +714,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (ks > max_slice) return false;
   const __nv_bfloat16* x = nullptr;
   int64_t xs = 0;
+  gemm_chain_flush(a.gemm, s);
   stage(x, xs);
   for (int b0 = 0; b0 < a.B; b0 += 8 * kMaxNt) {
     GemvArgs c = a;

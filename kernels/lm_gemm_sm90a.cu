@@ -75,6 +75,21 @@ __host__ __device__ __forceinline__ int tile_row(int p, int lr, int N, bool pair
 bool g_avail = false;
 int g_occ[2][kMaxUnits] = {};  // resident blocks an SM, [wide][NU - 1]
 
+// 8 staged values at k (a multiple of 8) of the row that starts at `row` (xw + (b / 8) * 128 +
+// (b % 8) * 8), to the positions the MMA reads (see the file comment).
+template <int KT>
+__device__ __forceinline__ void put8(__half* row, int bp, int k, const uint32_t* h) {
+  const int kt = k / KT, c32 = (k % KT) / 32, t = (k % 32) / 8;
+  __half* p = row + static_cast<int64_t>(kt) * bp * KT + 2 * t;
+  const int64_t slab = static_cast<int64_t>(bp / 8) * 128;  // halves per k16 step
+  // Values 8t + {0,1} and {2,3} are k (2t, 2t+1) and (2t+8, 2t+9) of step 2 c32; {4,5} and {6,7}
+  // the same of step 2 c32 + 1.
+  *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab) = h[0];
+  *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab + 64) = h[1];
+  *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab) = h[2];
+  *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab + 64) = h[3];
+}
+
 // The staged activations of rows [0, bp) over K slice blockIdx.x, [k0, k0 + ks): row b's fp16
 // values over a power of two at the positions the MMA reads (see the file comment), and
 // xscale[slice * kMaxRows + b] that power (taken over the slice, as policy 0 takes it). Rows past
@@ -86,20 +101,10 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   __shared__ float red[32];
   constexpr bool kWholeRow = IN == GemvIn::kRmsNorm || IN == GemvIn::kEmbRmsNorm;
-  const int b = blockIdx.y, K = a.K, groups = bp / 8;
+  const int b = blockIdx.y, K = a.K;
   const int k0 = blockIdx.x * ks, k1 = min(K, k0 + ks);
   __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
-  auto put = [&](int k, const uint32_t* h) {  // 8 values at k (a multiple of 8) to their places
-    const int kt = k / KT, c32 = (k % KT) / 32, t = (k % 32) / 8;
-    __half* p = row + static_cast<int64_t>(kt) * bp * KT + 2 * t;
-    const int64_t slab = static_cast<int64_t>(groups) * 128;  // halves per k16 step
-    // Values 8t + {0,1} and {2,3} are k (2t, 2t+1) and (2t+8, 2t+9) of step 2 c32; {4,5} and {6,7}
-    // the same of step 2 c32 + 1.
-    *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab) = h[0];
-    *reinterpret_cast<uint32_t*>(p + 2 * c32 * slab + 64) = h[1];
-    *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab) = h[2];
-    *reinterpret_cast<uint32_t*>(p + (2 * c32 + 1) * slab + 64) = h[3];
-  };
+  auto put = [&](int k, const uint32_t* h) { put8<KT>(row, bp, k, h); };
   if (b >= a.B) {
     const uint32_t z[4] = {0u, 0u, 0u, 0u};
     for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) put(k, z);
@@ -141,6 +146,53 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
     const uint4 u = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(xs + (k - off)), inv);
     const uint32_t h[4] = {u.x, u.y, u.z, u.w};
     put(k, h);
+  }
+}
+
+// A chain's step (GemmChain): the previous GEMM's split-K epilogue for batch row blockIdx.x
+// (lm_gemm.cu's epilogue kernel: the same sums in the same order, the same rounding), then this
+// launch's staging of that row for all S slices from the outputs just written (stage_kernel's
+// values and scales: the same bits). One block a row (rows past a.B: zeros); K bf16 of dynamic
+// shared memory.
+template <GemvOut PO, GemvIn IN, int KT>
+__global__ void __launch_bounds__(gemv_impl::kThreads)
+    chain_stage_kernel(GemvArgs p, const float* ws, int ps, GemvArgs a, __half* xw, float* xscale, int bp, int ks, int S) {
+  static_assert(IN == GemvIn::kPlain || IN == GemvIn::kRmsNorm, "a chain stages plain or normed rows");
+  static_assert(PO != GemvOut::kLogits, "logits are no GEMM's input");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // the row's K inputs
+  __shared__ float red[32];
+  const int b = blockIdx.x, K = a.K;
+  __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
+  if (b >= a.B) {
+    const uint32_t z[4] = {0u, 0u, 0u, 0u};
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) put8<KT>(row, bp, k, z);
+    return;
+  }
+  const int outs = PO == GemvOut::kGateUp ? p.N / 2 : p.N;
+  for (int n = threadIdx.x; n < outs; n += blockDim.x)
+    gemv_impl::gemm_epilogue<PO>(p, b, n, [&](int col) {
+      float v = 0.f;
+      for (int s = 0; s < ps; ++s) v += ws[(static_cast<int64_t>(s) * p.B + b) * p.N + col];
+      return v;
+    });
+  __syncthreads();  // the row's outputs, each written by one thread of this block, are its input
+  GemvArgs r = a;
+  r.x = a.x + b * a.x_stride;
+  gemv_impl::stage_x<IN, 1>(r, xs, red);  // ends with a barrier
+  for (int sl = 0; sl < S; ++sl) {
+    const int k0 = sl * ks, k1 = min(K, k0 + ks);
+    float mx = 0.f;
+    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k])));
+    mx = block_max(mx, red);
+    const float sc = fp16_pow2_scale(mx);  // as stage_kernel
+    const float inv = 1.f / sc;
+    if (threadIdx.x == 0) xscale[sl * kMaxRows + b] = sc;
+    for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) {
+      const uint4 u = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(xs + k), inv);
+      const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+      put8<KT>(row, bp, k, h);
+    }
   }
 }
 
@@ -452,6 +504,39 @@ void stage(const GemvArgs& a, int kt, dim3 grid, size_t smem, __half* xw, float*
     stage_kernel<IN, kKt><<<grid, gemv_impl::kThreads, smem, s>>>(a, xw, xscale, bp, ks);
 }
 
+template <GemvIn IN, int KT>
+void chain_stage(const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
+                 cudaStream_t s) {
+  GemvArgs p;
+  p.N = c.N;
+  p.B = c.B;
+  p.y = c.y;
+  p.y_stride = c.y_stride;
+  p.w_scale = c.w_scale;
+  const size_t smem = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
+  const dim3 grid(bp);
+  switch (static_cast<GemvOut>(c.out)) {
+    case GemvOut::kStore:
+      chain_stage_kernel<GemvOut::kStore, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      break;
+    case GemvOut::kResidual:
+      chain_stage_kernel<GemvOut::kResidual, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      break;
+    case GemvOut::kGateUp:
+      chain_stage_kernel<GemvOut::kGateUp, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      break;
+    default: throw std::logic_error("gemm_wg: a chain cannot defer the logits' epilogue");
+  }
+}
+template <GemvIn IN>
+void chain_stage_kt(int kt, const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
+                    cudaStream_t s) {
+  if (kt == 128)
+    chain_stage<IN, 128>(c, a, xw, xscale, bp, ks, S, s);
+  else
+    chain_stage<IN, kKt>(c, a, xw, xscale, bp, ks, S, s);
+}
+
 }  // namespace
 
 void init() {
@@ -517,7 +602,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide, int out) {
   return best_s;
 }
 
-void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s) {
+void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, const GemmChain* prev) {
   if (out >= 0 && S != 1) throw std::runtime_error("gemm_wg::launch: an epilogue in the GEMM needs one K slice");
   wide = wide && a.K % 128 == 0;  // the launch table below takes the k-tile from (nu, wide)
   const int nu = (a.B + 15) / 16, bp = nu * 16, KT = kt_for(nu, wide, a.K);
@@ -527,7 +612,13 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
   const dim3 sg(S, bp);  // plan() chose S so that no slice is empty
   const bool whole = in == GemvIn::kRmsNorm || in == GemvIn::kEmbRmsNorm;
   const size_t ssm = static_cast<size_t>(whole ? a.K : ks) * sizeof(__nv_bfloat16);
-  switch (in) {
+  if (prev != nullptr && (a.K > kMaxStageK || (in != GemvIn::kPlain && in != GemvIn::kRmsNorm)))
+    throw std::logic_error("gemm_wg::launch: a chain stages plain or normed rows of at most kMaxStageK");
+  if (prev != nullptr && in == GemvIn::kPlain) {
+    chain_stage_kt<GemvIn::kPlain>(KT, *prev, a, xw, xscale, bp, ks, S, s);
+  } else if (prev != nullptr) {
+    chain_stage_kt<GemvIn::kRmsNorm>(KT, *prev, a, xw, xscale, bp, ks, S, s);
+  } else switch (in) {
     case GemvIn::kPlain: stage<GemvIn::kPlain>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kRmsNorm: stage<GemvIn::kRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kSiluGate: stage<GemvIn::kSiluGate>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;

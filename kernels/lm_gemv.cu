@@ -48,7 +48,8 @@ void gemv(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   if (a.B < 1) throw std::runtime_error("gemv: B must be at least 1");
   if (a.B > kMaxGemvBatch && gemm_impl::gemm_batched(in, out, a, s)) return;
   // Otherwise batches past kMaxGemvBatch run as chunks of it, each reading the weights again (from
-  // HBM: a layer's weights do not stay in L2).
+  // HBM: a layer's weights do not stay in L2). A chain's pending epilogue runs first.
+  gemm_chain_flush(a.gemm, s);
   for (int b0 = 0; b0 < a.B; b0 += kMaxGemvBatch) {
     GemvArgs c = a;
     c.B = a.B - b0 < kMaxGemvBatch ? a.B - b0 : kMaxGemvBatch;

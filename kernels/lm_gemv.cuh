@@ -36,12 +36,30 @@ constexpr int kMaxGemvBatch = 4;
 // input is kPlain), and its split-K partial sums, at least gemm_ws_floats(B, max N) floats.
 // Policy 4 (gemm_set_policy) stages every launch's rows, B rounded up to 16, as fp16 in xstage: it
 // runs only where xstage_elems (the buffer's length) holds gemm_xstage_elems(B, K).
+struct GemvArgs;
+// A split-K epilogue left for the next GEMM of a chain (GemvArgs::defer): the GEMM's partial sums
+// wait in GemmScratch::ws, and the next gemv() that reads its output runs the epilogue and its own
+// activation staging as one kernel (wgmma path only; every other path runs the epilogue first).
+// Host state of one enqueue sequence (one stream, one capture), owned by the caller.
+struct GemmChain {
+  bool pending = false;
+  int out = 0;       // the pending epilogue (a GemvOut)
+  int slices = 0;    // its K slices
+  // Its launch's output and scales (y, y_stride, w_scale, N, B).
+  __nv_bfloat16* y = nullptr;
+  int64_t y_stride = 0;
+  const float* w_scale = nullptr;
+  int N = 0, B = 0;
+};
 struct GemmScratch {
   __nv_bfloat16* xstage = nullptr;
   float* ws = nullptr;
   size_t ws_floats = 0;
   size_t xstage_elems = 0;
+  GemmChain* chain = nullptr;  // with GemvArgs::defer: where a deferred epilogue waits
 };
+// Runs the chain's pending epilogue, if any (gemv() does this itself wherever it cannot fuse it).
+void gemm_chain_flush(const GemmScratch& g, cudaStream_t s);
 size_t gemm_ws_floats(int B, int max_n);
 size_t gemm_xstage_elems(int B, int max_k);
 
@@ -69,6 +87,11 @@ struct GemvArgs {
   // weights, K % 32 == 0) the batch runs as one GEMM that reads each weight once; without it, as
   // chunks of kMaxGemvBatch GEMV rows.
   GemmScratch gemm;
+  // With gemm.chain: the caller's next gemv() call on this scratch reads y (kPlain or kRmsNorm,
+  // the same rows), and nothing reads y or writes the scratch before it. A split-K epilogue of
+  // the wgmma path is then left pending (GemmChain) and runs inside that call's staging kernel:
+  // one launch fewer, the same bits.
+  bool defer = false;
 };
 
 // B > kMaxGemvBatch: the tensor-core GEMM of lm_gemm.cu when a.gemm is set (see there), else one
@@ -98,6 +121,11 @@ constexpr int kGemmPolicyAuto = 6;
 constexpr int kGemmWgMinRows = 40;
 void gemm_set_policy(int policy);
 int gemm_policy();
+// Measurement hook (personaplex-bench --no-gemm-chain): false makes GemvArgs::defer a no-op, so
+// every split-K epilogue runs as its own kernel (before 2026-12-06 v0.33). Default true. Set it
+// before graphs are captured. Not thread-safe; not for serving code.
+void gemm_set_chain(bool on);
+bool gemm_chain();
 // Whether this device runs policy 4 (an sm_90 device and a build with sm_90 among its
 // architectures); known after gemv_init().
 bool gemm_wg_available();

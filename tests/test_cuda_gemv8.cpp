@@ -505,6 +505,94 @@ TEST(CudaGemv8, WgmmaFusedEpilogueEqualsPolicy5) {
   kern::gemm_set_policy(kern::kGemmPolicyAuto);  // as shipped
 }
 
+// A GEMM chain (GemvArgs::defer, GemmChain): a layer's out projection, FFN in and FFN out leave
+// their split-K epilogues to the next GEMM's staging kernel, as the batched LM runs them, and the
+// outputs (the residual stream, the gate-up output and the next QKV) are bit for bit those of the
+// same calls without the chain. Depformer and temporal shapes, rows that run one and several
+// launches' worth of slices.
+TEST(CudaGemv8, GemmChainEqualsUnchained) {
+  SKIP_WITHOUT_GPU();
+  kern::gemv_init();
+  if (!kern::gemm_wg_available()) GTEST_SKIP() << "no sm_90a kernels for this device (policy 8 runs on H100 / H200)";
+  kern::gemm_set_policy(kern::kGemmPolicyAuto);
+  struct Shape {
+    int D, H;
+  };
+  const Shape shapes[] = {{1024, 2816}, {4096, 11264}};
+  const std::vector<int> batches{40, 64, 100, 256};
+  const int mb = 256;
+  bool deferred = false;
+  for (const Shape& sh : shapes) {
+    const int D = sh.D, H = sh.H;
+    // Weights: out [D, D], FFN in [2H, D], FFN out [D, H], QKV [3D, D].
+    const int Ns[4] = {D, 2 * H, D, 3 * D}, Ks[4] = {D, D, H, D};
+    std::vector<cuda::DeviceBuffer<int8_t>> q;
+    std::vector<cuda::DeviceBuffer<float>> sc;
+    for (int i = 0; i < 4; ++i) {
+      const size_t wn = static_cast<size_t>(Ns[i]) * Ks[i];
+      cuda::DeviceBuffer<__nv_bfloat16> w(wn);
+      kern::fill_random_bf16(w.get(), static_cast<int64_t>(wn), 900 + 10 * i + D, 0.02f, 0.f, nullptr);
+      q.emplace_back(wn);
+      sc.emplace_back(Ns[i]);
+      kern::quantize_int8_rows(w.get(), Ns[i], Ks[i], q.back().get(), sc.back().get(), nullptr);
+    }
+    cuda::DeviceBuffer<__nv_bfloat16> att(static_cast<size_t>(mb) * D), x0(static_cast<size_t>(mb) * D),
+        x(static_cast<size_t>(mb) * D), gu(static_cast<size_t>(mb) * H), qkv(static_cast<size_t>(mb) * 3 * D),
+        a1(D), a2(D), xstage(kern::gemm_xstage_elems(mb, H));
+    cuda::DeviceBuffer<float> ws(kern::gemm_ws_floats(mb, 2 * H));
+    kern::fill_random_bf16(att.get(), static_cast<int64_t>(att.size()), 31 + D, 1.f, 0.f, nullptr);
+    kern::fill_random_bf16(x0.get(), static_cast<int64_t>(x0.size()), 32 + D, 1.f, 0.f, nullptr);
+    kern::fill_random_bf16(a1.get(), D, 33 + D, 0.05f, 1.f, nullptr);
+    kern::fill_random_bf16(a2.get(), D, 34 + D, 0.05f, 1.f, nullptr);
+    for (const int B : batches) {
+      SCOPED_TRACE(testing::Message() << "D=" << D << " H=" << H << " B=" << B);
+      std::vector<uint16_t> got[2][3];
+      for (int chained = 0; chained < 2; ++chained) {
+        kern::GemmChain chain;
+        kern::GemmScratch g{xstage.get(), ws.get(), ws.size(), xstage.size()};
+        if (chained) g.chain = &chain;
+        auto call = [&](int i, GemvIn in, GemvOut out, const __nv_bfloat16* xin, __nv_bfloat16* y,
+                        const __nv_bfloat16* alpha, bool defer) {
+          kern::GemvArgs a;
+          a.wi8 = q[i].get();
+          a.w_scale = sc[i].get();
+          a.x = xin;
+          a.x_stride = Ks[i];
+          a.N = Ns[i];
+          a.K = Ks[i];
+          a.B = B;
+          a.alpha = alpha;
+          a.y = y;
+          a.y_stride = out == GemvOut::kGateUp ? Ns[i] / 2 : Ns[i];
+          a.gemm = g;
+          a.defer = defer;
+          kern::gemv(in, out, a, nullptr);
+          PPX_CUDA_CHECK(cudaGetLastError());
+        };
+        PPX_CUDA_CHECK(cudaMemcpy(x.get(), x0.get(), x0.bytes(), cudaMemcpyDeviceToDevice));
+        call(0, GemvIn::kPlain, GemvOut::kResidual, att.get(), x.get(), nullptr, true);
+        deferred = deferred || chain.pending;
+        call(1, GemvIn::kRmsNorm, GemvOut::kGateUp, x.get(), gu.get(), a2.get(), true);
+        call(2, GemvIn::kPlain, GemvOut::kResidual, gu.get(), x.get(), nullptr, true);
+        call(3, GemvIn::kRmsNorm, GemvOut::kStore, x.get(), qkv.get(), a1.get(), false);
+        kern::gemm_chain_flush(g, nullptr);
+        EXPECT_FALSE(chain.pending);
+        PPX_CUDA_CHECK(cudaDeviceSynchronize());
+        got[chained][0] = to_host_raw(reinterpret_cast<const uint16_t*>(x.get()), static_cast<size_t>(B) * D);
+        got[chained][1] = to_host_raw(reinterpret_cast<const uint16_t*>(gu.get()), static_cast<size_t>(B) * H);
+        got[chained][2] = to_host_raw(reinterpret_cast<const uint16_t*>(qkv.get()), static_cast<size_t>(B) * 3 * D);
+      }
+      const char* what[3] = {"residual stream", "gate-up output", "QKV"};
+      for (int k = 0; k < 3; ++k) {
+        size_t diff = 0;
+        for (size_t i = 0; i < got[0][k].size(); ++i) diff += got[0][k][i] != got[1][k][i];
+        EXPECT_EQ(diff, 0u) << what[k] << ": values that differ in any bit";
+      }
+    }
+  }
+  EXPECT_TRUE(deferred) << "no case left an epilogue pending (every launch ran one K slice)";
+}
+
 // The GEMM policy hook takes 0-6 and 8 (7 and 9-14 were experiments that left the code); the
 // check comes before any CUDA call, so this runs without a GPU.
 TEST(CudaGemv8, GemmPolicyOutsideTheListThrows) {

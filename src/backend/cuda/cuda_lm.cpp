@@ -61,7 +61,7 @@ StepEmbedding step_embedding(const CudaLm& lm, int st) {
 
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows.
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const bf16* x, int N, int K, bf16* y,
-                  const bf16* alpha, int B, cudaStream_t s, const kern::GemmScratch& gemm) {
+                  const bf16* alpha, int B, cudaStream_t s, const kern::GemmScratch& gemm, bool defer) {
   kern::GemvArgs a;
   a.x = x;
   a.x_stride = in == kern::GemvIn::kSiluGate ? 2 * K : K;
@@ -72,6 +72,7 @@ void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, con
   a.y = y;
   a.y_stride = out == kern::GemvOut::kGateUp ? N / 2 : N;
   a.gemm = gemm;
+  a.defer = defer;
   w.set(a);
   kern::gemv(in, out, a, s);
 }
@@ -119,8 +120,11 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   const int DD = c.depformer_dim, DH = c.depformer_ffn_hidden(), S = c.dep_q, B = io.B;
   using kern::GemvIn;
   using kern::GemvOut;
+  // defer: the next call reads y (a GEMM chain, kern::GemvArgs::defer).
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm); };
+                  const bf16* alpha = nullptr, bool defer = false) {
+    enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm, defer);
+  };
   kern::RingArgs dring;
   dring.C = S;
   dring.H = c.depformer_num_heads;
@@ -155,10 +159,12 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
            DD, io.qkv, L.norm1);
     }
     kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
+    // The out projection's, FFN in's and FFN out's split-K epilogues run inside the next GEMM's
+    // staging (the next layer's QKV, or the head after the last layer).
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
-         io.z);
-    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
+         io.z, nullptr, true);
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2, true);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z, nullptr, true);
   }
   kern::GemvArgs h;
   h.x = io.z;
@@ -171,6 +177,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   h.gemm = io.gemm;  // B > 4: one GEMM (without it, one GEMV launch per 4 rows: v0.27's 16 at 64 rows)
   lm.linears[st].set(h);
   kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
+  kern::gemm_chain_flush(io.gemm, s);  // nothing pending unless the head ran another path
 }
 
 SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
@@ -562,8 +569,11 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   ring.row_pos = io.row_pos;
   using kern::GemvIn;
   using kern::GemvOut;
+  // defer: the next call reads y (a GEMM chain, kern::GemvArgs::defer).
   auto gemv = [&](GemvIn in, GemvOut out, const LinearWeight& w, const bf16* x, int N, int Kd, bf16* y,
-                  const bf16* alpha = nullptr) { enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm); };
+                  const bf16* alpha = nullptr, bool defer = false) {
+    enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm, defer);
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm.layers[l];
     if (lm.kv_fp8()) {
@@ -578,12 +588,18 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
     gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, io.x, 3 * D, D, io.qkv, L.norm1);
     kern::rope_append(io.qkv, io.q, ring, B, static_cast<float>(c.max_period), s);
     kern::ring_attention(io.q, ring, B, io.work, io.att, s);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x);
-    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
+    // The out projection's, FFN in's and FFN out's split-K epilogues run inside the next GEMM's
+    // staging (FFN out's: the next layer's QKV, or the text head after the last layer).
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x, nullptr, true);
+    gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2, true);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x, nullptr,
+         l + 1 < c.num_layers || io.text_logits != nullptr);
   }
   // Text head on out_norm(x).
-  if (io.text_logits == nullptr) return;
+  if (io.text_logits == nullptr) {
+    kern::gemm_chain_flush(io.gemm, s);  // nothing is pending: the last layer did not defer
+    return;
+  }
   kern::GemvArgs a;
   a.x = io.x;
   a.x_stride = D;
@@ -596,6 +612,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   a.gemm = io.gemm;
   lm.text_linear.set(a);
   kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
+  kern::gemm_chain_flush(io.gemm, s);  // nothing pending unless the head ran another path
 }
 
 void CudaLmStepper::enqueue_main(cudaStream_t s) {

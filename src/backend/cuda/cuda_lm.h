@@ -200,9 +200,10 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s);
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
 // or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
 // `gemm` (kern::GemmScratch, or empty): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).
+// defer: the caller's next enqueue_gemv on `gemm` reads y (kern::GemvArgs::defer, a GEMM chain).
 void enqueue_gemv(kern::GemvIn in, kern::GemvOut out, const LinearWeight& w, const __nv_bfloat16* x, int N, int K,
                   __nv_bfloat16* y, const __nv_bfloat16* alpha, int B, cudaStream_t s,
-                  const kern::GemmScratch& gemm = {});
+                  const kern::GemmScratch& gemm = {}, bool defer = false);
 
 // enqueue_depformer_inputs computes io.pre for steps [first, first + steps): bf16(depformer_in[s]
 // out_norm(x)), one GEMV (it does not depend on the sampled tokens). enqueue_depformer_kernels

@@ -316,6 +316,7 @@ kern::GemmScratch CudaLmBatch::gemm_scratch() {
   g.ws = ws_.get();
   g.ws_floats = ws_.size();
   g.xstage_elems = xstage_.size();
+  g.chain = &chain_;
   return g;
 }
 

@@ -105,6 +105,7 @@ class CudaLmBatch : public LmBatch {
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<__nv_bfloat16> xstage_;  // [rows, max K]: the GEMMs' staged activations (kern::GemmScratch)
   DeviceBuffer<float> ws_;              // the GEMMs' split-K partial sums (kern::gemm_ws_floats)
+  kern::GemmChain chain_;               // a split-K epilogue left for the next GEMM (gemm_scratch())
   DeviceBuffer<float> work_, text_logits_, audio_logits_;  // logits [B, V], [B, S * card]
   DeviceBuffer<int32_t> sampled_, next_;                   // [1 + S, B], [B]
   PinnedBuffer<int32_t> h_in_;
