@@ -643,7 +643,10 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
       const int S = gemm_wg::plan(c, c.B, sms, wide, -1);
       const int fo = S == 1 ? fout : -1;
       gemm_wg::launch(in, c, S, wide, fo, s, fuse ? chain : nullptr);
-      if (fuse) chain->pending = false;
+      if (fuse) {
+        chain->pending = false;
+        ++chain->fused;
+      }
       if (fo < 0 && a.defer && g_chain && chain != nullptr && single && out != GemvOut::kLogits) {
         chain->pending = true;
         chain->out = static_cast<int>(out);

@@ -58,7 +58,9 @@ constexpr int kt_for(int nu, bool wide, int K) { return kt_of(nu, wide && K % 12
 static_assert(stages_of(kMaxUnits, kKt) >= 4 && smem_bytes(kMaxUnits, kKt) <= 227 * 1024,
               "the largest block must fit in an SM's shared memory with 4 stages");
 static_assert(kt_of(8, true) == 128, "policy 5 takes k-tiles of 128 up to 128 rows");
-constexpr int kMaxStageK = 24576;  // the prologue's row in (default, 48 KB) dynamic shared memory
+// The prologue's row in dynamic shared memory: with the kernels' 128 static bytes, within the 48 KB
+// a launch gets without an attribute.
+constexpr int kMaxStageK = 24512;
 
 // Tiles of an N-row weight: 128 rows each, or (paired: kGateUp, rows n and n + N / 2 together) 64
 // gate rows and their 64 up rows. tile_row: the weight row of tile p's row lr (0..127), or -1
@@ -149,6 +151,48 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
   }
 }
 
+// The previous GEMM's split-K epilogue for batch row b (lm_gemm.cu's epilogue kernel for that row:
+// each output's PS partials added as 0 + p[0] + p[1] + ..., the same bits). One block does the
+// whole row (the epilogue kernel spreads it over N / 128 blocks), so each thread takes kU outputs
+// at a time and issues every partial they need before the first add; PS is a template argument
+// so that the loads are unconditional (0: the count at run time, up to kMaxSlices).
+template <GemvOut PO, int PS>
+__device__ __forceinline__ void epilogue_row(const GemvArgs& p, const float* ws, int ps, int b) {
+  constexpr int kU = 4;
+  constexpr int kP = PS > 0 ? PS : kMaxSlices;
+  constexpr int kC = PO == GemvOut::kGateUp ? 2 : 1;  // columns an output reads: gate and up
+  const int outs = PO == GemvOut::kGateUp ? p.N / 2 : p.N;
+  const int64_t sstride = static_cast<int64_t>(p.B) * p.N;
+  const float* wrow = ws + static_cast<int64_t>(b) * p.N;
+  for (int n0 = threadIdx.x; n0 < outs; n0 += kU * static_cast<int>(blockDim.x)) {
+    float part[kU][kC][kP];
+#pragma unroll
+    for (int i = 0; i < kU; ++i) {
+      const int n = min(n0 + i * static_cast<int>(blockDim.x), outs - 1);  // past the end: read, not used
+#pragma unroll
+      for (int c = 0; c < kC; ++c)
+#pragma unroll
+        for (int s = 0; s < kP; ++s)
+          part[i][c][s] = (PS > 0 || s < ps) ? wrow[s * sstride + n + c * (p.N / 2)] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kU; ++i) {
+      const int n = n0 + i * static_cast<int>(blockDim.x);
+      if (n >= outs) continue;
+      float sum[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        float v = 0.f;
+#pragma unroll
+        for (int s = 0; s < kP; ++s)
+          if (PS > 0 || s < ps) v += part[i][c][s];
+        sum[c] = v;
+      }
+      gemv_impl::gemm_epilogue<PO>(p, b, n, [&](int col) { return col == n ? sum[0] : sum[kC - 1]; });
+    }
+  }
+}
+
 // A chain's step (GemmChain): the previous GEMM's split-K epilogue for batch row blockIdx.x
 // (lm_gemm.cu's epilogue kernel: the same sums in the same order, the same rounding), then this
 // launch's staging of that row for all S slices from the outputs just written (stage_kernel's
@@ -169,13 +213,14 @@ __global__ void __launch_bounds__(gemv_impl::kThreads)
     for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) put8<KT>(row, bp, k, z);
     return;
   }
-  const int outs = PO == GemvOut::kGateUp ? p.N / 2 : p.N;
-  for (int n = threadIdx.x; n < outs; n += blockDim.x)
-    gemv_impl::gemm_epilogue<PO>(p, b, n, [&](int col) {
-      float v = 0.f;
-      for (int s = 0; s < ps; ++s) v += ws[(static_cast<int64_t>(s) * p.B + b) * p.N + col];
-      return v;
-    });
+  switch (ps) {  // the slice counts the model's GEMMs take at 40-256 rows, then any
+    case 1: epilogue_row<PO, 1>(p, ws, ps, b); break;
+    case 2: epilogue_row<PO, 2>(p, ws, ps, b); break;
+    case 3: epilogue_row<PO, 3>(p, ws, ps, b); break;
+    case 4: epilogue_row<PO, 4>(p, ws, ps, b); break;
+    case 8: epilogue_row<PO, 8>(p, ws, ps, b); break;
+    default: epilogue_row<PO, 0>(p, ws, ps, b); break;
+  }
   __syncthreads();  // the row's outputs, each written by one thread of this block, are its input
   GemvArgs r = a;
   r.x = a.x + b * a.x_stride;
@@ -507,6 +552,7 @@ void stage(const GemvArgs& a, int kt, dim3 grid, size_t smem, __half* xw, float*
 template <GemvIn IN, int KT>
 void chain_stage(const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
                  cudaStream_t s) {
+  if (c.slices < 1 || c.slices > kMaxSlices) throw std::logic_error("gemm_wg: a chain's pending epilogue has no valid slice count");
   GemvArgs p;
   p.N = c.N;
   p.B = c.B;

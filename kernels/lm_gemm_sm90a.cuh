@@ -38,7 +38,7 @@ int plan(const GemvArgs& a, int B, int sms, bool wide = false, int out = -1);
 // lm_gemm.cu runs), else (S == 1 only; std::runtime_error otherwise) writes y / yf through the
 // epilogue `out` with the rounding of lm_gemm.cu's epilogue kernel: the same bits.
 // prev: a chain's pending split-K epilogue (GemmChain, on a.gemm.ws) whose output a.x is; its
-// epilogue then runs inside this launch's staging kernel (in kPlain or kRmsNorm, K <= 24576).
+// epilogue then runs inside this launch's staging kernel (in kPlain or kRmsNorm, K <= 24512).
 void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_t s, const GemmChain* prev = nullptr);
 
 }  // namespace ppx::kern::gemm_wg

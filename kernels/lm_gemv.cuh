@@ -37,7 +37,8 @@ constexpr int kMaxGemvBatch = 4;
 // Policy 4 (gemm_set_policy) stages every launch's rows, B rounded up to 16, as fp16 in xstage: it
 // runs only where xstage_elems (the buffer's length) holds gemm_xstage_elems(B, K).
 struct GemvArgs;
-// A split-K epilogue left for the next GEMM of a chain (GemvArgs::defer): the GEMM's partial sums
+// An epilogue left for the next GEMM of a chain (GemvArgs::defer): a wgmma GEMM's (policies 4, 5
+// and 8; 6 as shipped) that runs several K slices, whose partial sums
 // wait in GemmScratch::ws, and the next gemv() that reads its output runs the epilogue and its own
 // activation staging as one kernel (wgmma path only; every other path runs the epilogue first).
 // Host state of one enqueue sequence (one stream, one capture), owned by the caller.
@@ -50,6 +51,7 @@ struct GemmChain {
   int64_t y_stride = 0;
   const float* w_scale = nullptr;
   int N = 0, B = 0;
+  int64_t fused = 0;  // epilogues run inside a next GEMM's staging so far (tests count them)
 };
 struct GemmScratch {
   __nv_bfloat16* xstage = nullptr;
@@ -88,9 +90,9 @@ struct GemvArgs {
   // chunks of kMaxGemvBatch GEMV rows.
   GemmScratch gemm;
   // With gemm.chain: the caller's next gemv() call on this scratch reads y (kPlain or kRmsNorm,
-  // the same rows), and nothing reads y or writes the scratch before it. A split-K epilogue of
-  // the wgmma path is then left pending (GemmChain) and runs inside that call's staging kernel:
-  // one launch fewer, the same bits.
+  // the same rows), and nothing reads y or writes the scratch before it. The epilogue of a wgmma
+  // launch that runs several K slices is then left pending (GemmChain) and runs inside that call's
+  // staging kernel: one launch fewer, the same bits.
   bool defer = false;
 };
 

@@ -177,7 +177,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   h.gemm = io.gemm;  // B > 4: one GEMM (without it, one GEMV launch per 4 rows: v0.27's 16 at 64 rows)
   lm.linears[st].set(h);
   kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
-  kern::gemm_chain_flush(io.gemm, s);  // nothing pending unless the head ran another path
+  kern::gemm_chain_flush(io.gemm, s);  // a no-op (the head consumed or flushed): no epilogue outlives the sequence
 }
 
 SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
@@ -574,6 +574,9 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
                   const bf16* alpha = nullptr, bool defer = false) {
     enqueue_gemv(in, out, w, x, N, Kd, y, alpha, B, s, io.gemm, defer);
   };
+  // A sequence starts with nothing pending (one left by an enqueue that threw is dropped: its
+  // partial sums are not this sequence's).
+  if (io.gemm.chain != nullptr) io.gemm.chain->pending = false;
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm.layers[l];
     if (lm.kv_fp8()) {
@@ -612,7 +615,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   a.gemm = io.gemm;
   lm.text_linear.set(a);
   kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
-  kern::gemm_chain_flush(io.gemm, s);  // nothing pending unless the head ran another path
+  kern::gemm_chain_flush(io.gemm, s);  // a no-op (the head consumed or flushed): no epilogue outlives the sequence
 }
 
 void CudaLmStepper::enqueue_main(cudaStream_t s) {
