@@ -659,8 +659,7 @@ int bench(int argc, char** argv) {
   bool no_gemm_chain = false;
   app.add_flag("--no-gemm-chain", no_gemm_chain,
                "measurement hook: every split-K epilogue of the batched GEMMs as its own kernel (as before v0.33; "
-               "shipped: a layer's out projection, FFN in and FFN out end inside the next GEMM's staging kernel); "
-               "CUDA builds only");
+               "shipped: FFN in's gate-up epilogue runs inside FFN out's staging kernel); CUDA builds only");
   int attention_policy = -1;
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "

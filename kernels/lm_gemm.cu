@@ -623,13 +623,14 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
   const int fout = policy == 8 ? static_cast<int>(out) : -1;
   if ((policy == 4 || wide) && a.wi8 != nullptr &&
       gemm_wg::plan(a, std::min(a.B, gemm_wg::kMaxRows), sms, wide) > 0) {
-    // A chain (GemvArgs::defer): the pending epilogue whose output this launch reads runs inside
-    // its staging kernel; one this launch cannot take runs first. A launch of one row chunk whose
+    // A chain (GemvArgs::defer): the pending epilogue whose output this launch reads as plain rows
+    // runs inside its staging kernel, a slice per block; one this launch cannot take (a norm needs
+    // whole rows) runs first. A launch of one row chunk whose
     // epilogue is a kernel of its own (several K slices) leaves it pending when the caller defers.
     const bool single = a.B <= gemm_wg::kMaxRows;
-    const bool fuse = chain != nullptr && chain->pending && single &&
-                      (in == GemvIn::kPlain || in == GemvIn::kRmsNorm) && a.x == chain->y &&
-                      a.x_stride == chain->y_stride && a.B == chain->B;
+    const bool fuse = chain != nullptr && chain->pending && single && in == GemvIn::kPlain && a.x == chain->y &&
+                      a.x_stride == chain->y_stride && a.B == chain->B &&
+                      a.K == (chain->out == static_cast<int>(GemvOut::kGateUp) ? chain->N / 2 : chain->N);
     if (!fuse) gemm_chain_flush(a.gemm, s);
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;

@@ -151,20 +151,19 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
   }
 }
 
-// The previous GEMM's split-K epilogue for batch row b (lm_gemm.cu's epilogue kernel for that row:
-// each output's PS partials added as 0 + p[0] + p[1] + ..., the same bits). One block does the
-// whole row (the epilogue kernel spreads it over N / 128 blocks), so each thread takes kU outputs
-// at a time and issues every partial they need before the first add; PS is a template argument
-// so that the loads are unconditional (0: the count at run time, up to kMaxSlices).
+// The previous GEMM's split-K epilogue for outputs [n_begin, outs) of batch row b (lm_gemm.cu's
+// epilogue kernel for them: each output's PS partials added as 0 + p[0] + p[1] + ..., the same
+// bits). Each thread takes kU outputs at a time and issues every partial they need before the
+// first add; PS is a template argument so that the loads are unconditional (0: the count at run
+// time, up to kMaxSlices).
 template <GemvOut PO, int PS>
-__device__ __forceinline__ void epilogue_row(const GemvArgs& p, const float* ws, int ps, int b) {
+__device__ __forceinline__ void epilogue_row(const GemvArgs& p, const float* ws, int ps, int b, int n_begin, int outs) {
   constexpr int kU = 4;
   constexpr int kP = PS > 0 ? PS : kMaxSlices;
   constexpr int kC = PO == GemvOut::kGateUp ? 2 : 1;  // columns an output reads: gate and up
-  const int outs = PO == GemvOut::kGateUp ? p.N / 2 : p.N;
   const int64_t sstride = static_cast<int64_t>(p.B) * p.N;
   const float* wrow = ws + static_cast<int64_t>(b) * p.N;
-  for (int n0 = threadIdx.x; n0 < outs; n0 += kU * static_cast<int>(blockDim.x)) {
+  for (int n0 = n_begin + threadIdx.x; n0 < outs; n0 += kU * static_cast<int>(blockDim.x)) {
     float part[kU][kC][kP];
 #pragma unroll
     for (int i = 0; i < kU; ++i) {
@@ -193,51 +192,49 @@ __device__ __forceinline__ void epilogue_row(const GemvArgs& p, const float* ws,
   }
 }
 
-// A chain's step (GemmChain): the previous GEMM's split-K epilogue for batch row blockIdx.x
-// (lm_gemm.cu's epilogue kernel: the same sums in the same order, the same rounding), then this
-// launch's staging of that row for all S slices from the outputs just written (stage_kernel's
-// values and scales: the same bits). One block a row (rows past a.B: zeros); K bf16 of dynamic
-// shared memory.
-template <GemvOut PO, GemvIn IN, int KT>
+// A chain's step (GemmChain), grid (S, bp) as stage_kernel<kPlain>: block (s, b) runs the previous
+// GEMM's epilogue for the outputs of row b that are this launch's slice s (its input columns
+// [s ks, (s + 1) ks)), then stages that slice from them as stage_kernel does (the same values and
+// scale: the same bits). Each output is written by one thread of one block, so an in-place
+// residual is safe. Rows past a.B: zeros.
+template <GemvOut PO, int KT>
 __global__ void __launch_bounds__(gemv_impl::kThreads)
-    chain_stage_kernel(GemvArgs p, const float* ws, int ps, GemvArgs a, __half* xw, float* xscale, int bp, int ks, int S) {
-  static_assert(IN == GemvIn::kPlain || IN == GemvIn::kRmsNorm, "a chain stages plain or normed rows");
+    chain_stage_kernel(GemvArgs p, const float* ws, int ps, GemvArgs a, __half* xw, float* xscale, int bp, int ks) {
   static_assert(PO != GemvOut::kLogits, "logits are no GEMM's input");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // the row's K inputs
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // the slice's inputs
   __shared__ float red[32];
-  const int b = blockIdx.x, K = a.K;
+  const int b = blockIdx.y, K = a.K;
+  const int k0 = blockIdx.x * ks, k1 = min(K, k0 + ks);
   __half* row = xw + (b / 8) * 128 + (b % 8) * 8;
   if (b >= a.B) {
     const uint32_t z[4] = {0u, 0u, 0u, 0u};
-    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) put8<KT>(row, bp, k, z);
+    for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) put8<KT>(row, bp, k, z);
     return;
   }
   switch (ps) {  // the slice counts the model's GEMMs take at 40-256 rows, then any
-    case 1: epilogue_row<PO, 1>(p, ws, ps, b); break;
-    case 2: epilogue_row<PO, 2>(p, ws, ps, b); break;
-    case 3: epilogue_row<PO, 3>(p, ws, ps, b); break;
-    case 4: epilogue_row<PO, 4>(p, ws, ps, b); break;
-    case 8: epilogue_row<PO, 8>(p, ws, ps, b); break;
-    default: epilogue_row<PO, 0>(p, ws, ps, b); break;
+    case 1: epilogue_row<PO, 1>(p, ws, ps, b, k0, k1); break;
+    case 2: epilogue_row<PO, 2>(p, ws, ps, b, k0, k1); break;
+    case 3: epilogue_row<PO, 3>(p, ws, ps, b, k0, k1); break;
+    case 4: epilogue_row<PO, 4>(p, ws, ps, b, k0, k1); break;
+    case 8: epilogue_row<PO, 8>(p, ws, ps, b, k0, k1); break;
+    default: epilogue_row<PO, 0>(p, ws, ps, b, k0, k1); break;
   }
-  __syncthreads();  // the row's outputs, each written by one thread of this block, are its input
-  GemvArgs r = a;
-  r.x = a.x + b * a.x_stride;
-  gemv_impl::stage_x<IN, 1>(r, xs, red);  // ends with a barrier
-  for (int sl = 0; sl < S; ++sl) {
-    const int k0 = sl * ks, k1 = min(K, k0 + ks);
-    float mx = 0.f;
-    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k])));
-    mx = block_max(mx, red);
-    const float sc = fp16_pow2_scale(mx);  // as stage_kernel
-    const float inv = 1.f / sc;
-    if (threadIdx.x == 0) xscale[sl * kMaxRows + b] = sc;
-    for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) {
-      const uint4 u = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(xs + k), inv);
-      const uint32_t h[4] = {u.x, u.y, u.z, u.w};
-      put8<KT>(row, bp, k, h);
-    }
+  __syncthreads();  // the slice's outputs, each written by one thread of this block, are its input
+  const __nv_bfloat16* x = a.x + b * a.x_stride;
+  for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8)
+    *reinterpret_cast<uint4*>(xs + (k - k0)) = *reinterpret_cast<const uint4*>(x + k);
+  __syncthreads();
+  float mx = 0.f;
+  for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) mx = fmaxf(mx, fabsf(__bfloat162float(xs[k - k0])));
+  mx = block_max(mx, red);
+  const float sc = fp16_pow2_scale(mx);  // as stage_kernel
+  const float inv = 1.f / sc;
+  if (threadIdx.x == 0) xscale[blockIdx.x * kMaxRows + b] = sc;
+  for (int k = k0 + threadIdx.x * 8; k < k1; k += blockDim.x * 8) {
+    const uint4 u = bf16x8_to_half_scaled(*reinterpret_cast<const uint4*>(xs + (k - k0)), inv);
+    const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+    put8<KT>(row, bp, k, h);
   }
 }
 
@@ -549,7 +546,7 @@ void stage(const GemvArgs& a, int kt, dim3 grid, size_t smem, __half* xw, float*
     stage_kernel<IN, kKt><<<grid, gemv_impl::kThreads, smem, s>>>(a, xw, xscale, bp, ks);
 }
 
-template <GemvIn IN, int KT>
+template <int KT>
 void chain_stage(const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
                  cudaStream_t s) {
   if (c.slices < 1 || c.slices > kMaxSlices) throw std::logic_error("gemm_wg: a chain's pending epilogue has no valid slice count");
@@ -559,28 +556,20 @@ void chain_stage(const GemmChain& c, const GemvArgs& a, __half* xw, float* xscal
   p.y = c.y;
   p.y_stride = c.y_stride;
   p.w_scale = c.w_scale;
-  const size_t smem = static_cast<size_t>(a.K) * sizeof(__nv_bfloat16);
-  const dim3 grid(bp);
+  const size_t smem = static_cast<size_t>(ks) * sizeof(__nv_bfloat16);
+  const dim3 grid(S, bp);
   switch (static_cast<GemvOut>(c.out)) {
     case GemvOut::kStore:
-      chain_stage_kernel<GemvOut::kStore, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      chain_stage_kernel<GemvOut::kStore, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks);
       break;
     case GemvOut::kResidual:
-      chain_stage_kernel<GemvOut::kResidual, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      chain_stage_kernel<GemvOut::kResidual, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks);
       break;
     case GemvOut::kGateUp:
-      chain_stage_kernel<GemvOut::kGateUp, IN, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks, S);
+      chain_stage_kernel<GemvOut::kGateUp, KT><<<grid, gemv_impl::kThreads, smem, s>>>(p, a.gemm.ws, c.slices, a, xw, xscale, bp, ks);
       break;
     default: throw std::logic_error("gemm_wg: a chain cannot defer the logits' epilogue");
   }
-}
-template <GemvIn IN>
-void chain_stage_kt(int kt, const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
-                    cudaStream_t s) {
-  if (kt == 128)
-    chain_stage<IN, 128>(c, a, xw, xscale, bp, ks, S, s);
-  else
-    chain_stage<IN, kKt>(c, a, xw, xscale, bp, ks, S, s);
 }
 
 }  // namespace
@@ -658,12 +647,12 @@ void launch(GemvIn in, const GemvArgs& a, int S, bool wide, int out, cudaStream_
   const dim3 sg(S, bp);  // plan() chose S so that no slice is empty
   const bool whole = in == GemvIn::kRmsNorm || in == GemvIn::kEmbRmsNorm;
   const size_t ssm = static_cast<size_t>(whole ? a.K : ks) * sizeof(__nv_bfloat16);
-  if (prev != nullptr && (a.K > kMaxStageK || (in != GemvIn::kPlain && in != GemvIn::kRmsNorm)))
-    throw std::logic_error("gemm_wg::launch: a chain stages plain or normed rows of at most kMaxStageK");
-  if (prev != nullptr && in == GemvIn::kPlain) {
-    chain_stage_kt<GemvIn::kPlain>(KT, *prev, a, xw, xscale, bp, ks, S, s);
+  if (prev != nullptr && in != GemvIn::kPlain)
+    throw std::logic_error("gemm_wg::launch: a chain's next GEMM stages plain rows (its slices are the epilogue's outputs)");
+  if (prev != nullptr && KT == 128) {
+    chain_stage<128>(*prev, a, xw, xscale, bp, ks, S, s);
   } else if (prev != nullptr) {
-    chain_stage_kt<GemvIn::kRmsNorm>(KT, *prev, a, xw, xscale, bp, ks, S, s);
+    chain_stage<kKt>(*prev, a, xw, xscale, bp, ks, S, s);
   } else switch (in) {
     case GemvIn::kPlain: stage<GemvIn::kPlain>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;
     case GemvIn::kRmsNorm: stage<GemvIn::kRmsNorm>(a, KT, sg, ssm, xw, xscale, bp, ks, s); break;

@@ -39,8 +39,9 @@ constexpr int kMaxGemvBatch = 4;
 struct GemvArgs;
 // An epilogue left for the next GEMM of a chain (GemvArgs::defer): a wgmma GEMM's (policies 4, 5
 // and 8; 6 as shipped) that runs several K slices, whose partial sums
-// wait in GemmScratch::ws, and the next gemv() that reads its output runs the epilogue and its own
-// activation staging as one kernel (wgmma path only; every other path runs the epilogue first).
+// wait in GemmScratch::ws, and the next gemv() that reads its output as plain rows runs the
+// epilogue and its own activation staging as one kernel, a K slice per block (wgmma path only;
+// every other call runs the epilogue first).
 // Host state of one enqueue sequence (one stream, one capture), owned by the caller.
 struct GemmChain {
   bool pending = false;
@@ -89,10 +90,10 @@ struct GemvArgs {
   // weights, K % 32 == 0) the batch runs as one GEMM that reads each weight once; without it, as
   // chunks of kMaxGemvBatch GEMV rows.
   GemmScratch gemm;
-  // With gemm.chain: the caller's next gemv() call on this scratch reads y (kPlain or kRmsNorm,
-  // the same rows), and nothing reads y or writes the scratch before it. The epilogue of a wgmma
-  // launch that runs several K slices is then left pending (GemmChain) and runs inside that call's
-  // staging kernel: one launch fewer, the same bits.
+  // With gemm.chain: the caller's next gemv() call on this scratch reads y, and nothing reads y or
+  // writes the scratch before it. The epilogue of a wgmma launch that runs several K slices is
+  // then left pending (GemmChain); where that call reads y as plain rows (kPlain, the same rows,
+  // K the outputs), it runs inside its staging kernel (one launch fewer, the same bits), else first.
   bool defer = false;
 };
 

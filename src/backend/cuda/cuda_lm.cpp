@@ -159,12 +159,11 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
            DD, io.qkv, L.norm1);
     }
     kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
-    // The out projection's, FFN in's and FFN out's split-K epilogues run inside the next GEMM's
-    // staging (the next layer's QKV, or the head after the last layer).
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
-         io.z, nullptr, true);
+         io.z);
+    // FFN in's split-K epilogue (the gate-up) runs inside FFN out's staging (a GEMM chain).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2, true);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z, nullptr, true);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
   }
   kern::GemvArgs h;
   h.x = io.z;
@@ -591,16 +590,14 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
     gemv(GemvIn::kRmsNorm, GemvOut::kStore, L.in_proj, io.x, 3 * D, D, io.qkv, L.norm1);
     kern::rope_append(io.qkv, io.q, ring, B, static_cast<float>(c.max_period), s);
     kern::ring_attention(io.q, ring, B, io.work, io.att, s);
-    // The out projection's, FFN in's and FFN out's split-K epilogues run inside the next GEMM's
-    // staging (FFN out's: the next layer's QKV, or the text head after the last layer).
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x, nullptr, true);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x);
+    // FFN in's split-K epilogue (the gate-up) runs inside FFN out's staging (a GEMM chain).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2, true);
-    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x, nullptr,
-         l + 1 < c.num_layers || io.text_logits != nullptr);
+    gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
   }
   // Text head on out_norm(x).
   if (io.text_logits == nullptr) {
-    kern::gemm_chain_flush(io.gemm, s);  // nothing is pending: the last layer did not defer
+    kern::gemm_chain_flush(io.gemm, s);  // a no-op: no epilogue outlives the sequence
     return;
   }
   kern::GemvArgs a;
