@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(gemv_impl::kThreads) stage_kernel(GemvArgs a, 
 // time, up to kMaxSlices).
 template <GemvOut PO, int PS>
 __device__ __forceinline__ void epilogue_row(const GemvArgs& p, const float* ws, int ps, int b, int n_begin, int outs) {
-  constexpr int kU = 4;
+  constexpr int kU = PS > 0 ? 4 : 1;  // (any count: one output at a time, as the epilogue kernel)
   constexpr int kP = PS > 0 ? PS : kMaxSlices;
   constexpr int kC = PO == GemvOut::kGateUp ? 2 : 1;  // columns an output reads: gate and up
   const int64_t sstride = static_cast<int64_t>(p.B) * p.N;
