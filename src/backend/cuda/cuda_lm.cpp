@@ -161,7 +161,8 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     kern::depformer_attention(io.qkv, dring, B, st, io.att, s);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
          io.z);
-    // FFN in's split-K epilogue (the gate-up) runs inside FFN out's staging (a GEMM chain).
+    // defer: FFN in's split-K epilogue (the gate-up) may run inside FFN out's staging (a GEMM chain,
+    // with kern::gemm_set_chain(true); off as shipped).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2, true);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
   }
@@ -591,7 +592,8 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
     kern::rope_append(io.qkv, io.q, ring, B, static_cast<float>(c.max_period), s);
     kern::ring_attention(io.q, ring, B, io.work, io.att, s);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x);
-    // FFN in's split-K epilogue (the gate-up) runs inside FFN out's staging (a GEMM chain).
+    // defer: FFN in's split-K epilogue (the gate-up) may run inside FFN out's staging (a GEMM chain,
+    // with kern::gemm_set_chain(true); off as shipped).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2, true);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
   }
