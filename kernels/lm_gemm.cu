@@ -546,13 +546,7 @@ size_t gemm_ws_floats(int B, int max_n) {
 void gemm_chain_flush(const GemmScratch& g, cudaStream_t s) {
   GemmChain* c = g.chain;
   if (c == nullptr || !c->pending) return;
-  GemvArgs e;
-  e.N = c->N;
-  e.B = c->B;
-  e.y = c->y;
-  e.y_stride = c->y_stride;
-  e.w_scale = c->w_scale;
-  gemm_impl::launch_epilogue(static_cast<GemvOut>(c->out), e, g.ws, c->slices, s);
+  gemm_impl::launch_epilogue(static_cast<GemvOut>(c->out), c->args, g.ws, c->slices, s);
   c->pending = false;
 }
 }  // namespace ppx::kern
@@ -628,9 +622,10 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
     // whole rows) runs first. A launch of one row chunk whose
     // epilogue is a kernel of its own (several K slices) leaves it pending when the caller defers.
     const bool single = a.B <= gemm_wg::kMaxRows;
-    const bool fuse = chain != nullptr && chain->pending && single && in == GemvIn::kPlain && a.x == chain->y &&
-                      a.x_stride == chain->y_stride && a.B == chain->B &&
-                      a.K == (chain->out == static_cast<int>(GemvOut::kGateUp) ? chain->N / 2 : chain->N);
+    const GemvArgs* pa = chain != nullptr ? &chain->args : nullptr;
+    const bool fuse = chain != nullptr && chain->pending && single && in == GemvIn::kPlain && a.x == pa->y &&
+                      a.x_stride == pa->y_stride && a.B == pa->B &&
+                      a.K == (chain->out == static_cast<int>(GemvOut::kGateUp) ? pa->N / 2 : pa->N);
     if (!fuse) gemm_chain_flush(a.gemm, s);
     for (int b0 = 0; b0 < a.B; b0 += gemm_wg::kMaxRows) {
       GemvArgs c = a;
@@ -652,11 +647,7 @@ bool gemm_batched(GemvIn in, GemvOut out, const GemvArgs& a, cudaStream_t s) {
         chain->pending = true;
         chain->out = static_cast<int>(out);
         chain->slices = S;
-        chain->y = c.y;
-        chain->y_stride = c.y_stride;
-        chain->w_scale = c.w_scale;
-        chain->N = c.N;
-        chain->B = c.B;
+        chain->args = c;
       } else if (fo < 0) {
         epilogue(c, S);
       }

@@ -550,12 +550,7 @@ template <int KT>
 void chain_stage(const GemmChain& c, const GemvArgs& a, __half* xw, float* xscale, int bp, int ks, int S,
                  cudaStream_t s) {
   if (c.slices < 1 || c.slices > kMaxSlices) throw std::logic_error("gemm_wg: a chain's pending epilogue has no valid slice count");
-  GemvArgs p;
-  p.N = c.N;
-  p.B = c.B;
-  p.y = c.y;
-  p.y_stride = c.y_stride;
-  p.w_scale = c.w_scale;
+  const GemvArgs& p = c.args;
   const size_t smem = static_cast<size_t>(ks) * sizeof(__nv_bfloat16);
   const dim3 grid(S, bp);
   switch (static_cast<GemvOut>(c.out)) {

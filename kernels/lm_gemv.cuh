@@ -36,24 +36,7 @@ constexpr int kMaxGemvBatch = 4;
 // input is kPlain), and its split-K partial sums, at least gemm_ws_floats(B, max N) floats.
 // Policy 4 (gemm_set_policy) stages every launch's rows, B rounded up to 16, as fp16 in xstage: it
 // runs only where xstage_elems (the buffer's length) holds gemm_xstage_elems(B, K).
-struct GemvArgs;
-// An epilogue left for the next GEMM of a chain (GemvArgs::defer): a wgmma GEMM's (policies 4, 5
-// and 8; 6 as shipped) that runs several K slices, whose partial sums
-// wait in GemmScratch::ws, and the next gemv() that reads its output as plain rows runs the
-// epilogue and its own activation staging as one kernel, a K slice per block (wgmma path only;
-// every other call runs the epilogue first).
-// Host state of one enqueue sequence (one stream, one capture), owned by the caller.
-struct GemmChain {
-  bool pending = false;
-  int out = 0;       // the pending epilogue (a GemvOut)
-  int slices = 0;    // its K slices
-  // Its launch's output and scales (y, y_stride, w_scale, N, B).
-  __nv_bfloat16* y = nullptr;
-  int64_t y_stride = 0;
-  const float* w_scale = nullptr;
-  int N = 0, B = 0;
-  int64_t fused = 0;  // epilogues run inside a next GEMM's staging so far (tests count them)
-};
+struct GemmChain;
 struct GemmScratch {
   __nv_bfloat16* xstage = nullptr;
   float* ws = nullptr;
@@ -95,6 +78,20 @@ struct GemvArgs {
   // then left pending (GemmChain); where that call reads y as plain rows (kPlain, the same rows,
   // K the outputs), it runs inside its staging kernel (one launch fewer, the same bits), else first.
   bool defer = false;
+};
+
+// An epilogue left for the next GEMM of a chain (GemvArgs::defer): a wgmma GEMM's (policies 4, 5
+// and 8; 6 as shipped) that runs several K slices, whose partial sums
+// wait in GemmScratch::ws, and the next gemv() that reads its output as plain rows runs the
+// epilogue and its own activation staging as one kernel, a K slice per block (wgmma path only;
+// every other call runs the epilogue first).
+// Host state of one enqueue sequence (one stream, one capture), owned by the caller.
+struct GemmChain {
+  bool pending = false;
+  int out = 0;       // the pending epilogue (a GemvOut)
+  int slices = 0;    // its K slices
+  GemvArgs args;     // its launch's (y, y_stride, w_scale, N, B: what the epilogue reads)
+  int64_t fused = 0;  // epilogues run inside a next GEMM's staging so far (tests count them)
 };
 
 // B > kMaxGemvBatch: the tensor-core GEMM of lm_gemm.cu when a.gemm is set (see there), else one

@@ -177,7 +177,6 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
   h.gemm = io.gemm;  // B > 4: one GEMM (without it, one GEMV launch per 4 rows: v0.27's 16 at 64 rows)
   lm.linears[st].set(h);
   kern::gemv(GemvIn::kPlain, GemvOut::kLogits, h, s);
-  kern::gemm_chain_flush(io.gemm, s);  // a no-op (the head consumed or flushed): no epilogue outlives the sequence
 }
 
 SamplingParams SamplingParams::from(const LmGenConfig& g, uint64_t seed) {
@@ -598,10 +597,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
   }
   // Text head on out_norm(x).
-  if (io.text_logits == nullptr) {
-    kern::gemm_chain_flush(io.gemm, s);  // a no-op: no epilogue outlives the sequence
-    return;
-  }
+  if (io.text_logits == nullptr) return;
   kern::GemvArgs a;
   a.x = io.x;
   a.x_stride = D;
@@ -614,7 +610,6 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   a.gemm = io.gemm;
   lm.text_linear.set(a);
   kern::gemv(GemvIn::kRmsNorm, GemvOut::kLogits, a, s);
-  kern::gemm_chain_flush(io.gemm, s);  // a no-op (the head consumed or flushed): no epilogue outlives the sequence
 }
 
 void CudaLmStepper::enqueue_main(cudaStream_t s) {
