@@ -462,6 +462,7 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
   const int pairs = r.H * r.hd / 2;
   if (r.k8 && (r.hd % 2 != 0 || kRopeThreads % (r.hd / 2) != 0 || !r.v8 || !r.k_scale || !r.v_scale))
     throw std::runtime_error("rope_append: an fp8 cache needs k8, v8, both scales and hd / 2 dividing 256");
+  if (r.fp8_by_head) throw std::runtime_error("rope_append: the by-head fp8 layout is an experiment nothing writes");
   const dim3 grid((pairs + kRopeThreads - 1) / kRopeThreads, B);
   pdl_launch(rope_append_kernel, grid, dim3(kRopeThreads), 0, s, qkv, q_out, r, c, pairs);
 }
@@ -497,6 +498,8 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
   const bool tc = attn_fp8::applies(r, g_attention_policy);
   const attn_fp8::Plan plan =
       tc ? attn_fp8::plan(B, r.H, r.C, g_attention_policy) : attn_fp8::Plan{0, false, attention_parts(B, r.H, r.C)};
+  if (r.fp8_by_head && !(tc && plan.lean))
+    throw std::runtime_error("attention: the by-head fp8 layout is read only by the lean tensor-core kernel");
   const int parts = plan.parts;
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;

@@ -29,6 +29,10 @@ struct RingArgs {
   __nv_fp8_e4m3* v8 = nullptr;
   float* k_scale = nullptr;
   float* v_scale = nullptr;
+  // Experiment (kernel bench only, v0.34): the fp8 cache read as [slots, H, C, hd], a head's keys
+  // contiguous over the positions, by the lean tensor-core kernel (policies 0, 3, 5). Nothing writes
+  // that layout yet: rope_append, the scalar kernel and the prompt cache refuse or ignore it.
+  bool fp8_by_head = false;
   // [B] or nullptr: each row's own position (prompt prefill: rows of one slot at consecutive
   // positions); nullptr: pos[slot[b]].
   const int32_t* row_pos = nullptr;

@@ -123,7 +123,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   float o4[KS][4];  // LEAN: the whole C of tile i ([1] and [3] stay zero)
 #pragma unroll
   for (int i = 0; i < KS; ++i) o4[i][0] = o4[i][1] = o4[i][2] = o4[i][3] = 0.f;
-  const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * HD;
+  // A key row's stride: D in the [slots, C, H, hd] layout, HD in the experiment's [slots, H, C, hd].
+  const int rs = LEAN && r.fp8_by_head ? HD : D;
+  const int64_t cache0 = LEAN && r.fp8_by_head ? (static_cast<int64_t>(slot) * r.H + h) * r.C * HD
+                                               : static_cast<int64_t>(slot) * r.C * D + h * HD;
   const uint8_t* kb = reinterpret_cast<const uint8_t*>(r.k8) + cache0;
   const uint8_t* vb = reinterpret_cast<const uint8_t*>(r.v8) + cache0;
   // A head's scales are contiguous over the positions: a warp's 16 keys take 64 bytes of each.
@@ -146,13 +149,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
         // The chunk's first key once in 64 bits; the rows as 32-bit offsets from it. A warp whose
         // keys all lie past the ring (no row visible) copies nothing: its source stays the slot's
         // first key, inside the cache (masked rows read 0 bytes from the warp's first key).
-        const uint8_t* kc = kb + static_cast<int64_t>(base < r.C ? base : 0) * D;
-        const uint8_t* vc = vb + static_cast<int64_t>(base < r.C ? base : 0) * D;
+        const uint8_t* kc = kb + static_cast<int64_t>(base < r.C ? base : 0) * rs;
+        const uint8_t* vc = vb + static_cast<int64_t>(base < r.C ? base : 0) * rs;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int pc = lane + 32 * i, row = pc >> 3, col = pc & 7;
           const bool ok = (vis >> row) & 1u;
-          const uint32_t off = ok ? static_cast<uint32_t>(row * D + col * 16) : 0u;
+          const uint32_t off = ok ? static_cast<uint32_t>(row * rs + col * 16) : 0u;
           cp_async16(st + row * HD + ((col ^ (4 * (row & 1))) * 16), kc + off, ok);
           cp_async16(st + 16 * HD + row * HD + ((col ^ (row & 6)) * 16), vc + off, ok);
         }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -519,6 +520,20 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
     cuda::DeviceBuffer<__nv_bfloat16> q(hq.size()), out(hq.size());
     PPX_CUDA_CHECK(cudaMemcpy(k8.get(), hk.data(), hk.size(), cudaMemcpyHostToDevice));
     PPX_CUDA_CHECK(cudaMemcpy(v8.get(), hv.data(), hv.size(), cudaMemcpyHostToDevice));
+    // The same codes laid out [slots, H, C, hd] (the by-head experiment of v0.34).
+    std::vector<uint8_t> hkh(hk.size()), hvh(hv.size());
+    for (int sl = 0; sl < 2; ++sl)
+      for (int i = 0; i < C; ++i)
+        for (int h = 0; h < H; ++h)
+          for (int j = 0; j < hd; ++j) {
+            const size_t from = (static_cast<size_t>(sl) * C + i) * D + h * hd + j;
+            const size_t to = ((static_cast<size_t>(sl) * H + h) * C + i) * hd + j;
+            hkh[to] = hk[from];
+            hvh[to] = hv[from];
+          }
+    cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(hk.size()), v8h(hv.size());
+    PPX_CUDA_CHECK(cudaMemcpy(k8h.get(), hkh.data(), hkh.size(), cudaMemcpyHostToDevice));
+    PPX_CUDA_CHECK(cudaMemcpy(v8h.get(), hvh.data(), hvh.size(), cudaMemcpyHostToDevice));
     ks.upload(hks.data(), hks.size());
     vs.upload(hvs.data(), hvs.size());
     q.upload(hq.data(), hq.size());
@@ -557,6 +572,19 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
               PPX_CUDA_CHECK(cudaDeviceSynchronize());
               std::vector<__nv_bfloat16> got(hq.size());
               PPX_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+              if (hd == 128 && (policy == 0 || policy == 3 || policy == 5)) {
+                // The lean kernel reading the by-head layout: the same sums in the same order.
+                kern::RingArgs rh = r;
+                rh.k8 = k8h.get();
+                rh.v8 = v8h.get();
+                rh.fp8_by_head = true;
+                kern::ring_attention(q.get(), rh, B, work.get(), out.get(), nullptr);
+                PPX_CUDA_CHECK(cudaDeviceSynchronize());
+                std::vector<__nv_bfloat16> goth(hq.size());
+                PPX_CUDA_CHECK(cudaMemcpy(goth.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+                ASSERT_EQ(0, std::memcmp(got.data(), goth.data(), static_cast<size_t>(B) * D * sizeof(__nv_bfloat16)))
+                    << "by-head layout, policy " << policy << ", " << B << " rows, position " << p;
+              }
               double worst = 0;
               for (int b = 0; b < B; ++b) {
                 const int s = slots[b], qp = per_row ? rp[b] : positions[s];
