@@ -90,6 +90,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 
 int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
 bool g_gemm_chain = false;  // --gemm-chain
+bool g_kv_fp8_by_head = false;  // --kv-fp8-by-head
 int g_attention_policy = -1;  // --attention-policy (-1: as shipped)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
@@ -105,6 +106,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy >= 0) j["gemm_policy"] = g_gemm_policy;
   if (g_gemm_chain) j["gemm_chain"] = true;
+  if (g_kv_fp8_by_head) j["kv_fp8_by_head"] = true;
   if (g_attention_policy >= 0) j["attention_policy"] = g_attention_policy;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
@@ -660,6 +662,10 @@ int bench(int argc, char** argv) {
   app.add_flag("--gemm-chain", gemm_chain,
                "measurement hook (v0.33, not shipped): FFN in's split-K gate-up epilogue runs inside FFN out's "
                "staging kernel, one launch fewer a layer (shipped: every epilogue as its own kernel); CUDA builds only");
+  bool kv_fp8_by_head = false;
+  app.add_flag("--kv-fp8-by-head", kv_fp8_by_head,
+               "measurement hook (v0.34, not shipped): with --kv-fp8, the fp8 KV cache laid out by head (a head's "
+               "keys contiguous over the positions) instead of by position; CUDA builds only");
   int attention_policy = -1;
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "
@@ -693,6 +699,7 @@ int bench(int argc, char** argv) {
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy >= 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
   if (gemm_chain && mf.device != "cuda") throw ppx::Error("--gemm-chain needs --device cuda");
+  if (kv_fp8_by_head && !mf.kv_fp8) throw ppx::Error("--kv-fp8-by-head needs --kv-fp8");
   if (profile_steps > 0 && (batch_sizes.empty() || mf.device != "cuda"))
     throw ppx::Error("--profile-steps needs --lm-batch and --device cuda");
   if (profile_steps > frames) throw ppx::Error("--profile-steps cannot exceed --frames (it profiles timed steps)");
@@ -712,6 +719,8 @@ int bench(int argc, char** argv) {
   g_gemm_policy = gemm_policy;
   if (gemm_chain) ppx::kern::gemm_set_chain(true);  // before the graphs are captured
   g_gemm_chain = gemm_chain;
+  if (kv_fp8_by_head) ppx::kern::attention_set_fp8_by_head(true);  // before the model is built
+  g_kv_fp8_by_head = kv_fp8_by_head;
   if (attention_policy >= 0) ppx::kern::attention_set_policy(attention_policy);  // before the graphs are captured
   g_attention_policy = attention_policy;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built

@@ -78,8 +78,12 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
   __syncthreads();
   if (!live) return;
   const float ks = sk[first], vs = sv[first];
-  __nv_fp8_storage_t* k8 = reinterpret_cast<__nv_fp8_storage_t*>(r.k8) + base + e;
-  __nv_fp8_storage_t* v8 = reinterpret_cast<__nv_fp8_storage_t*>(r.v8) + base + e;
+  // [slots, C, H * hd], or by head [slots, H, C, hd] (RingArgs::fp8_by_head).
+  const int64_t at = r.fp8_by_head ? ((static_cast<int64_t>(r.slot[b]) * r.H + e / r.hd) * r.C + pos % r.C) * r.hd +
+                                         e % r.hd
+                                   : base + e;
+  __nv_fp8_storage_t* k8 = reinterpret_cast<__nv_fp8_storage_t*>(r.k8) + at;
+  __nv_fp8_storage_t* v8 = reinterpret_cast<__nv_fp8_storage_t*>(r.v8) + at;
   k8[0] = __nv_cvt_float_to_fp8(kr0 / ks, __NV_SATFINITE, __NV_E4M3);
   k8[1] = __nv_cvt_float_to_fp8(kr1 / ks, __NV_SATFINITE, __NV_E4M3);
   v8[0] = __nv_cvt_float_to_fp8(v0 / vs, __NV_SATFINITE, __NV_E4M3);
@@ -282,7 +286,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     acc[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const int64_t cache0 = static_cast<int64_t>(slot) * r.C * D + h * r.hd + dg * DL;
+  // A key row's stride: D, or hd in the fp8 cache laid out by head (RingArgs::fp8_by_head).
+  const bool by_head = kFp8 && r.fp8_by_head;
+  const int rs = by_head ? r.hd : D;
+  const int64_t cache0 = (by_head ? (static_cast<int64_t>(slot) * r.H + h) * r.C * r.hd
+                                  : static_cast<int64_t>(slot) * r.C * D + h * r.hd) +
+                         dg * DL;
   const KT* kb = (kFp8 ? reinterpret_cast<const KT*>(r.k8) : reinterpret_cast<const KT*>(r.k)) + cache0;
   const KT* vb = (kFp8 ? reinterpret_cast<const KT*>(r.v8) : reinterpret_cast<const KT*>(r.v)) + cache0;
   const int64_t s0 = (static_cast<int64_t>(slot) * r.H + h) * r.C;
@@ -298,8 +307,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
       ok[u] = idx < r.C && ring_visible(idx, E, r.C, qpos, r.context);
       ksc[u] = vsc[u] = 0.f;
       if (ok[u]) {
-        kw[u].load(kb + static_cast<int64_t>(idx) * D);
-        vw[u].load(vb + static_cast<int64_t>(idx) * D);
+        kw[u].load(kb + static_cast<int64_t>(idx) * rs);
+        vw[u].load(vb + static_cast<int64_t>(idx) * rs);
         if constexpr (kFp8) {
           ksc[u] = r.k_scale[s0 + idx];
           vsc[u] = r.v_scale[s0 + idx];
@@ -462,14 +471,17 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
   const int pairs = r.H * r.hd / 2;
   if (r.k8 && (r.hd % 2 != 0 || kRopeThreads % (r.hd / 2) != 0 || !r.v8 || !r.k_scale || !r.v_scale))
     throw std::runtime_error("rope_append: an fp8 cache needs k8, v8, both scales and hd / 2 dividing 256");
-  if (r.fp8_by_head) throw std::runtime_error("rope_append: the by-head fp8 layout is an experiment nothing writes");
   const dim3 grid((pairs + kRopeThreads - 1) / kRopeThreads, B);
   pdl_launch(rope_append_kernel, grid, dim3(kRopeThreads), 0, s, qkv, q_out, r, c, pairs);
 }
 
 namespace {
 int g_attention_policy = 0;
+bool g_fp8_by_head = false;
 }  // namespace
+
+void attention_set_fp8_by_head(bool on) { g_fp8_by_head = on; }
+bool attention_fp8_by_head() { return g_fp8_by_head; }
 
 void attention_set_policy(int policy) {
   g_attention_policy = policy;
@@ -498,8 +510,6 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
   const bool tc = attn_fp8::applies(r, g_attention_policy);
   const attn_fp8::Plan plan =
       tc ? attn_fp8::plan(B, r.H, r.C, g_attention_policy) : attn_fp8::Plan{0, false, attention_parts(B, r.H, r.C)};
-  if (r.fp8_by_head && !(tc && plan.lean))
-    throw std::runtime_error("attention: the by-head fp8 layout is read only by the lean tensor-core kernel");
   const int parts = plan.parts;
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;

@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   float o4[KS][4];  // LEAN: the whole C of tile i ([1] and [3] stay zero)
 #pragma unroll
   for (int i = 0; i < KS; ++i) o4[i][0] = o4[i][1] = o4[i][2] = o4[i][3] = 0.f;
-  // A key row's stride: D in the [slots, C, H, hd] layout, HD in the experiment's [slots, H, C, hd].
-  const int rs = LEAN && r.fp8_by_head ? HD : D;
-  const int64_t cache0 = LEAN && r.fp8_by_head ? (static_cast<int64_t>(slot) * r.H + h) * r.C * HD
-                                               : static_cast<int64_t>(slot) * r.C * D + h * HD;
+  // A key row's stride: D in the [slots, C, H * hd] layout, HD in the by-head [slots, H, C, hd].
+  const int rs = r.fp8_by_head ? HD : D;
+  const int64_t cache0 = r.fp8_by_head ? (static_cast<int64_t>(slot) * r.H + h) * r.C * HD
+                                       : static_cast<int64_t>(slot) * r.C * D + h * HD;
   const uint8_t* kb = reinterpret_cast<const uint8_t*>(r.k8) + cache0;
   const uint8_t* vb = reinterpret_cast<const uint8_t*>(r.v8) + cache0;
   // A head's scales are contiguous over the positions: a warp's 16 keys take 64 bytes of each.
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
       for (int i = 0; i < 4; ++i) {  // 128 pieces of 16 bytes per tensor: key p / 8, piece p % 8
         const int pc = lane + 32 * i, row = pc >> 3, col = pc & 7;
         const bool ok = (vis >> row) & 1u;
-        const int64_t src = static_cast<int64_t>(ok ? base + row : 0) * D + col * 16;
+        const int64_t src = static_cast<int64_t>(ok ? base + row : 0) * rs + col * 16;
         cp_async16(st + row * HD + ((col ^ (4 * (row & 1))) * 16), kb + src, ok);
         cp_async16(st + 16 * HD + row * HD + ((col ^ (row & 6)) * 16), vb + src, ok);
       }

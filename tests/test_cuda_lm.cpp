@@ -112,15 +112,30 @@ TEST(CudaLmGolden, TeacherForcedKvFp8AgainstFp32Reference) {
   SKIP_WITHOUT_GPU();
   cuda::CudaLmOptions opt;
   opt.kv_fp8 = true;
-  TinyCuda t(opt);
-  ASSERT_TRUE(t.lm.kv_fp8());
-  cuda::CudaLmStepper stepper(t.lm, t.greedy);
   const SafeTensors session(test::data("session_tiny_a_cpu_fp32.safetensors"));
-  const ReplayReport r = replay_golden_session(stepper, *t.cfg.lm_gen, &t.mimi, session, /*teacher_forced=*/true);
-  std::printf("teacher-forced kv-fp8 vs cpu fp32: text %.5f audio %.5f tokens %.4f\n", r.text_logits_max_rel_l2,
-              r.audio_logits_max_rel_l2, r.out_token_agreement);
-  EXPECT_LE(r.text_logits_max_rel_l2, 5e-2);
-  EXPECT_LE(r.audio_logits_max_rel_l2, 5e-2);
+  ReplayReport by_position;
+  // The cache laid out by position (shipped), then by head (v0.34's measurement hook): the same
+  // logits bit for bit, so the same figures.
+  for (const bool by_head : {false, true}) {
+    kern::attention_set_fp8_by_head(by_head);
+    TinyCuda t(opt);
+    kern::attention_set_fp8_by_head(false);
+    ASSERT_TRUE(t.lm.kv_fp8());
+    ASSERT_EQ(t.lm.kv_fp8_by_head(), by_head);
+    cuda::CudaLmStepper stepper(t.lm, t.greedy);
+    const ReplayReport r = replay_golden_session(stepper, *t.cfg.lm_gen, &t.mimi, session, /*teacher_forced=*/true);
+    std::printf("teacher-forced kv-fp8%s vs cpu fp32: text %.5f audio %.5f tokens %.4f\n", by_head ? " by head" : "",
+                r.text_logits_max_rel_l2, r.audio_logits_max_rel_l2, r.out_token_agreement);
+    EXPECT_LE(r.text_logits_max_rel_l2, 5e-2);
+    EXPECT_LE(r.audio_logits_max_rel_l2, 5e-2);
+    if (!by_head) {
+      by_position = r;
+    } else {
+      EXPECT_EQ(r.text_logits_max_rel_l2, by_position.text_logits_max_rel_l2);
+      EXPECT_EQ(r.audio_logits_max_rel_l2, by_position.audio_logits_max_rel_l2);
+      EXPECT_EQ(r.out_token_agreement, by_position.out_token_agreement);
+    }
+  }
 }
 
 // w8a16 weight memory: the linear weights at 1 byte plus a float per row, the rest bf16.
@@ -331,19 +346,34 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   r8.v8 = v8.get();
   r8.k_scale = ks.get();
   r8.v_scale = vs.get();
+  // The same fp8 cache laid out by head (RingArgs::fp8_by_head, v0.34's measurement hook): the same
+  // codes and scales at other addresses, the same attention output bit for bit.
+  cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(k.size()), v8h(k.size());
+  cuda::DeviceBuffer<float> ksh(ks.size()), vsh(ks.size());
+  cuda::DeviceBuffer<__nv_bfloat16> outh(D);
+  kern::RingArgs rh = r8;
+  rh.k8 = k8h.get();
+  rh.v8 = v8h.get();
+  rh.k_scale = ksh.get();
+  rh.v_scale = vsh.get();
+  rh.fp8_by_head = true;
   double worst = 0;
   for (int t = 0; t < steps; ++t) {
     pos.upload(&t, 1);
     kern::fill_random_bf16(qkv.get(), 3 * D, 100 + t, t % 7 == 0 ? 20.f : 1.f, 0.f, nullptr);
     kern::rope_append(qkv.get(), q.get(), rb, 1, 10000.f, nullptr);
     kern::rope_append(qkv.get(), q8.get(), r8, 1, 10000.f, nullptr);
+    kern::rope_append(qkv.get(), q8.get(), rh, 1, 10000.f, nullptr);
     if (t % 50 == 49) {
       kern::ring_attention(q.get(), rb, 1, work.get(), out.get(), nullptr);
       kern::ring_attention(q8.get(), r8, 1, work.get(), out8.get(), nullptr);
+      kern::ring_attention(q8.get(), rh, 1, work.get(), outh.get(), nullptr);
       PPX_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<__nv_bfloat16> a(D), b(D);
+      std::vector<__nv_bfloat16> a(D), b(D), bh(D);
       PPX_CUDA_CHECK(cudaMemcpy(a.data(), out.get(), D * 2, cudaMemcpyDeviceToHost));
       PPX_CUDA_CHECK(cudaMemcpy(b.data(), out8.get(), D * 2, cudaMemcpyDeviceToHost));
+      PPX_CUDA_CHECK(cudaMemcpy(bh.data(), outh.get(), D * 2, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(0, std::memcmp(b.data(), bh.data(), D * sizeof(__nv_bfloat16))) << "by head, position " << t;
       double num = 0, den = 0;
       for (int i = 0; i < D; ++i) {
         const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
@@ -364,6 +394,24 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   PPX_CUDA_CHECK(cudaMemcpy(hv8.data(), v8.get(), v8.bytes(), cudaMemcpyDeviceToHost));
   PPX_CUDA_CHECK(cudaMemcpy(hks.data(), ks.get(), ks.bytes(), cudaMemcpyDeviceToHost));
   PPX_CUDA_CHECK(cudaMemcpy(hvs.data(), vs.get(), vs.bytes(), cudaMemcpyDeviceToHost));
+  {
+    std::vector<uint8_t> hk8h(k.size()), hv8h(k.size());
+    std::vector<float> hksh(ks.size()), hvsh(ks.size());
+    PPX_CUDA_CHECK(cudaMemcpy(hk8h.data(), k8h.get(), k8h.bytes(), cudaMemcpyDeviceToHost));
+    PPX_CUDA_CHECK(cudaMemcpy(hv8h.data(), v8h.get(), v8h.bytes(), cudaMemcpyDeviceToHost));
+    PPX_CUDA_CHECK(cudaMemcpy(hksh.data(), ksh.get(), ksh.bytes(), cudaMemcpyDeviceToHost));
+    PPX_CUDA_CHECK(cudaMemcpy(hvsh.data(), vsh.get(), vsh.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(hks, hksh);
+    EXPECT_EQ(hvs, hvsh);
+    for (int t = 0; t < steps; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < hd; ++j) {
+          const size_t by_pos = static_cast<size_t>(t) * D + h * hd + j;
+          const size_t by_head = (static_cast<size_t>(h) * C + t) * hd + j;
+          ASSERT_EQ(hk8[by_pos], hk8h[by_head]) << "key, position " << t << " head " << h << " dim " << j;
+          ASSERT_EQ(hv8[by_pos], hv8h[by_head]) << "value, position " << t << " head " << h << " dim " << j;
+        }
+  }
   auto fp8v = [](uint8_t code) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
   };
@@ -572,8 +620,8 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
               PPX_CUDA_CHECK(cudaDeviceSynchronize());
               std::vector<__nv_bfloat16> got(hq.size());
               PPX_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-              if (hd == 128 && (policy == 0 || policy == 3 || policy == 5)) {
-                // The lean kernel reading the by-head layout: the same sums in the same order.
+              {
+                // The by-head layout (v0.34's measurement hook): the same sums in the same order.
                 kern::RingArgs rh = r;
                 rh.k8 = k8h.get();
                 rh.v8 = v8h.get();
@@ -803,11 +851,14 @@ TEST(CudaScheduler, PromptCacheGivesTheReplayedTokens) {
   const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
   FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
   FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
-  for (const bool fp8 : {false, true}) {
-    SCOPED_TRACE(fp8 ? "kv fp8" : "kv bf16");
+  for (const int kv : {0, 1, 2}) {  // bf16, fp8, fp8 laid out by head (v0.34's measurement hook)
+    const bool fp8 = kv > 0;
+    SCOPED_TRACE(kv == 0 ? "kv bf16" : (kv == 1 ? "kv fp8" : "kv fp8 by head"));
     CudaOptions opt;
     opt.kv_fp8 = fp8;
+    kern::attention_set_fp8_by_head(kv == 2);
     auto backend = make_cuda_backend(cfg, mw, &lw, 0, 2, true, opt);
+    kern::attention_set_fp8_by_head(false);
     SystemPrompt voice;
     voice.voice = load_voice_embeddings(test::data("voice_tiny_a.pt"));
     voice.text_tokens = {5, 17, 300, 42};  // with the voice and silences past 4 rows: the GEMM prefill

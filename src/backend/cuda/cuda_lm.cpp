@@ -579,6 +579,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm.layers[l];
     if (lm.kv_fp8()) {
+      ring.fp8_by_head = lm.kv_fp8_by_head();
       ring.k8 = io.k8 + l * io.layer_kv;
       ring.v8 = io.v8 + l * io.layer_kv;
       ring.k_scale = io.k_scale + l * io.layer_sc;

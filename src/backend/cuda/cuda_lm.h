@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "ppx/config.h"
 #include "ppx/lm_gen.h"
@@ -98,6 +99,9 @@ class CudaLm {
   const CudaLmOptions& options() const { return opt_; }
   bool w8a16() const { return opt_.w8a16; }
   bool kv_fp8() const { return opt_.kv_fp8; }
+  // With kv_fp8: the steppers' fp8 caches laid out by head (kern::RingArgs::fp8_by_head), from
+  // kern::attention_fp8_by_head() when this model was built (a measurement hook, v0.34).
+  bool kv_fp8_by_head() const { return kv_by_head_; }
   // Device bytes of the weights the step reads: the bf16 arena (everything, or with w8a16 the
   // embeddings and norms only), plus with w8a16 the fp8 weights and their scales.
   size_t weight_bytes() const { return weight_bytes_; }
@@ -140,6 +144,7 @@ class CudaLm {
   void finish_tables();
   LmConfig c_;
   CudaLmOptions opt_;
+  bool kv_by_head_ = kern::attention_fp8_by_head();
   std::vector<Tensor> tensors_;
   DeviceBuffer<__nv_bfloat16> arena_;
   DeviceBuffer<__nv_fp8_e4m3> arena8_;
