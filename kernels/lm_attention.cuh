@@ -21,8 +21,8 @@ struct RingArgs {
   const int32_t* slot = nullptr;  // [B] cache slot of each batch row
   int C = 0, H = 0, hd = 0, context = 0;  // context 0 = unlimited
   // fp8 cache (--kv-fp8; the temporal transformer only): when k8 is set, keys and values live in
-  // k8 / v8 [slots, C, H * hd] as e4m3 with one fp32 scale per (slot, position, head) in
-  // k_scale / v_scale [slots, H, C] (scale = max |row of the head| / 448, 1 for zeros; a head's
+  // k8 / v8 [slots, C, H * hd] (or [slots, H, C, hd] with fp8_by_head) as e4m3 with one fp32
+  // scale per (slot, position, head) in k_scale / v_scale [slots, H, C] (scale = max |row of the head| / 448, 1 for zeros; a head's
   // scales are contiguous over the positions, so a warp's keys take one or two sectors of them), and
   // k / v are unused. Needs hd / 2 to divide 256 (hd 32, 64 or 128).
   __nv_fp8_e4m3* k8 = nullptr;

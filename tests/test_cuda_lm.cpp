@@ -52,6 +52,15 @@ struct TinyCuda {
   }();
 };
 
+// Sets kern::attention_set_fp8_by_head (v0.34's measurement hook, read by CudaLm when it is built)
+// for a scope, and turns it off again however the scope ends.
+struct Fp8ByHead {
+  explicit Fp8ByHead(bool on) { kern::attention_set_fp8_by_head(on); }
+  ~Fp8ByHead() { kern::attention_set_fp8_by_head(false); }
+  Fp8ByHead(const Fp8ByHead&) = delete;
+  Fp8ByHead& operator=(const Fp8ByHead&) = delete;
+};
+
 }  // namespace
 
 // Upstream's own bf16 CUDA run is 0.6-0.9% from fp32 with the same token history; a bf16 port is
@@ -115,11 +124,15 @@ TEST(CudaLmGolden, TeacherForcedKvFp8AgainstFp32Reference) {
   const SafeTensors session(test::data("session_tiny_a_cpu_fp32.safetensors"));
   ReplayReport by_position;
   // The cache laid out by position (shipped), then by head (v0.34's measurement hook): the same
-  // logits bit for bit, so the same figures.
+  // figures (the tiny model has one head, where the two layouts are the same bytes; with several
+  // heads the layouts' equality is CudaLmAttention.Fp8ByHeadStepsAsByPosition's).
   for (const bool by_head : {false, true}) {
-    kern::attention_set_fp8_by_head(by_head);
-    TinyCuda t(opt);
-    kern::attention_set_fp8_by_head(false);
+    std::unique_ptr<TinyCuda> tp;
+    {
+      Fp8ByHead g(by_head);
+      tp = std::make_unique<TinyCuda>(opt);
+    }
+    TinyCuda& t = *tp;
     ASSERT_TRUE(t.lm.kv_fp8());
     ASSERT_EQ(t.lm.kv_fp8_by_head(), by_head);
     cuda::CudaLmStepper stepper(t.lm, t.greedy);
@@ -437,6 +450,51 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   // entries' e4m3 rounding (~3.6% rms) shows at full size in the relative error. The entries
   // themselves are checked exactly above; this guards the read path.
   EXPECT_LE(worst, 8e-2);
+}
+
+// The fp8 cache laid out by head (v0.34's measurement hook) against the shipped layout, end to end:
+// the tiny model widened to two heads of 128 (the tensor-core kernel), random weights, sampling on,
+// past the ring's length (24 positions): the same logits and tokens at every step, bit for bit.
+TEST(CudaLmAttention, Fp8ByHeadStepsAsByPosition) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  LmConfig c = *cfg.lm;
+  c.dim = 256;
+  c.num_heads = 2;
+  cuda::CudaLmOptions opt;
+  opt.kv_fp8 = true;
+  constexpr int kSteps = 60;
+  std::vector<std::vector<float>> logits[2];
+  std::vector<int64_t> text[2];
+  for (const int by_head : {0, 1}) {
+    std::unique_ptr<cuda::CudaLm> lm;
+    {
+      Fp8ByHead g(by_head == 1);
+      lm = std::make_unique<cuda::CudaLm>(c, 4321, opt);
+    }
+    ASSERT_EQ(lm->kv_fp8_by_head(), by_head == 1);
+    cuda::SamplingParams sp;
+    sp.seed = 5;
+    cuda::CudaLmStepper st(*lm, sp);
+    std::mt19937 rng(21);
+    for (int t = 0; t < kSteps; ++t) {
+      const RandomStep step(c, rng);
+      StepResult r;
+      StepLogits l;
+      st.run(step.request(), r, &l);
+      ASSERT_TRUE(all_finite(l.text)) << "step " << t;
+      logits[by_head].push_back(l.text);
+      logits[by_head].push_back(l.audio);
+      text[by_head].push_back(r.text);
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
+    ASSERT_EQ(0, std::memcmp(logits[0][i].data(), logits[1][i].data(), logits[0][i].size() * sizeof(float)))
+        << "step " << i / 2 << (i % 2 ? " audio" : " text");
+  }
+  EXPECT_EQ(text[0], text[1]);
 }
 
 // One (row, head) of the temporal ring attention in double precision: the query of position qp
@@ -851,19 +909,42 @@ TEST(CudaScheduler, PromptCacheGivesTheReplayedTokens) {
   const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
   FileWeights lw{std::make_shared<const SafeTensors>(test::data("lm_tiny_a.safetensors"))};
   FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
-  for (const int kv : {0, 1, 2}) {  // bf16, fp8, fp8 laid out by head (v0.34's measurement hook)
-    const bool fp8 = kv > 0;
-    SCOPED_TRACE(kv == 0 ? "kv bf16" : (kv == 1 ? "kv fp8" : "kv fp8 by head"));
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "kv fp8" : "kv bf16");
     CudaOptions opt;
     opt.kv_fp8 = fp8;
-    kern::attention_set_fp8_by_head(kv == 2);
     auto backend = make_cuda_backend(cfg, mw, &lw, 0, 2, true, opt);
-    kern::attention_set_fp8_by_head(false);
     SystemPrompt voice;
     voice.voice = load_voice_embeddings(test::data("voice_tiny_a.pt"));
     voice.text_tokens = {5, 17, 300, 42};  // with the voice and silences past 4 rows: the GEMM prefill
     SystemPrompt text_only;
     text_only.text_tokens = {9, 8, 7};
     test::check_prompt_cache(*backend, cfg, voice, text_only, 64u << 20);
+  }
+}
+
+// The prompt cache with the fp8 cache laid out by head (v0.34's measurement hook; its copies are
+// pitched per head, so the model needs several heads): the tiny model widened to two heads of 128,
+// random weights, text prompts (the voice file is 128 wide), both layouts.
+TEST(CudaScheduler, PromptCacheFp8TwoHeadsBothLayouts) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
+  cfg.lm->dim = 256;
+  cfg.lm->num_heads = 2;
+  FileWeights mw{std::make_shared<const SafeTensors>(test::data("mimi_tiny_a.safetensors"))};
+  for (const bool by_head : {false, true}) {
+    SCOPED_TRACE(by_head ? "by head" : "by position");
+    CudaOptions opt;
+    opt.kv_fp8 = true;
+    std::unique_ptr<ModelBackend> backend;
+    {
+      Fp8ByHead g(by_head);
+      backend = make_cuda_backend(cfg, mw, nullptr, 4321, 2, true, opt);
+    }
+    SystemPrompt longer;
+    longer.text_tokens = {5, 17, 300, 42, 11, 12, 13};  // with the silences past 4 rows: the GEMM prefill
+    SystemPrompt shorter;
+    shorter.text_tokens = {9, 8, 7};
+    test::check_prompt_cache(*backend, cfg, longer, shorter, 64u << 20);
   }
 }

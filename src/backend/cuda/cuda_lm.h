@@ -101,7 +101,7 @@ class CudaLm {
   bool kv_fp8() const { return opt_.kv_fp8; }
   // With kv_fp8: the steppers' fp8 caches laid out by head (kern::RingArgs::fp8_by_head), from
   // kern::attention_fp8_by_head() when this model was built (a measurement hook, v0.34).
-  bool kv_fp8_by_head() const { return kv_by_head_; }
+  bool kv_fp8_by_head() const { return opt_.kv_fp8 && kv_by_head_; }
   // Device bytes of the weights the step reads: the bf16 arena (everything, or with w8a16 the
   // embeddings and norms only), plus with w8a16 the fp8 weights and their scales.
   size_t weight_bytes() const { return weight_bytes_; }
@@ -187,8 +187,9 @@ struct TemporalIo {
   const int32_t* pos = nullptr;      // [slots] position of this step's token in each ring
   const int32_t* slot = nullptr;     // [B]
   const int32_t* row_pos = nullptr;  // [B] or nullptr: rows at their own positions (kern::RingArgs)
-  // KV caches [layers, slots, context, dim]: bf16 k / v, or (--kv-fp8) k8 / v8 with per-head
-  // scales [layers, slots, heads, context]; the layer strides in elements.
+  // KV caches [layers, slots, context, dim]: bf16 k / v, or (--kv-fp8) k8 / v8 (by head, with
+  // CudaLm::kv_fp8_by_head: [layers, slots, heads, context, head dim]) with per-head scales
+  // [layers, slots, heads, context]; the layer strides in elements.
   __nv_bfloat16 *k = nullptr, *v = nullptr;
   __nv_fp8_e4m3 *k8 = nullptr, *v8 = nullptr;
   float *k_scale = nullptr, *v_scale = nullptr;
@@ -275,7 +276,7 @@ class CudaLmStepper : public LmStepper {
   float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;  // k/v_cache_ empty with kv_fp8
-  DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D]
+  DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D] (or by head)
   DeviceBuffer<float> k_scale_, v_scale_;                                  // with kv_fp8: [layers, heads, C]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
