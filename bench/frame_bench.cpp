@@ -89,8 +89,8 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 }
 
 int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
-bool g_gemm_chain = false;  // --gemm-chain
-bool g_kv_fp8_by_head = false;  // --kv-fp8-by-head
+bool g_no_gemm_chain = false;     // --no-gemm-chain
+bool g_kv_fp8_by_position = false;  // --kv-fp8-by-position
 int g_attention_policy = -1;  // --attention-policy (-1: as shipped)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
@@ -105,8 +105,8 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy >= 0) j["gemm_policy"] = g_gemm_policy;
-  if (g_gemm_chain) j["gemm_chain"] = true;
-  if (g_kv_fp8_by_head) j["kv_fp8_by_head"] = true;
+  if (g_no_gemm_chain) j["gemm_chain"] = false;
+  if (g_kv_fp8_by_position) j["kv_fp8_by_head"] = false;
   if (g_attention_policy >= 0) j["attention_policy"] = g_attention_policy;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
@@ -658,14 +658,14 @@ int bench(int argc, char** argv) {
                  "H100 / H200 only; 6 wgmma from 40 rows where it runs, policy 8's kernel; 8 policy 5 with the epilogue "
                  "in the GEMM kernel where one K slice runs); CUDA builds only")
       ->check(CLI::IsMember({0, 1, 2, 3, 4, 5, 6, 8}));
-  bool gemm_chain = false;
-  app.add_flag("--gemm-chain", gemm_chain,
-               "measurement hook (v0.33, not shipped): FFN in's split-K gate-up epilogue runs inside FFN out's "
-               "staging kernel, one launch fewer a layer (shipped: every epilogue as its own kernel); CUDA builds only");
-  bool kv_fp8_by_head = false;
-  app.add_flag("--kv-fp8-by-head", kv_fp8_by_head,
-               "measurement hook (v0.34, not shipped): with --kv-fp8, the fp8 KV cache laid out by head (a head's "
-               "keys contiguous over the positions) instead of by position; CUDA builds only");
+  bool no_gemm_chain = false;
+  app.add_flag("--no-gemm-chain", no_gemm_chain,
+               "measurement hook (v0.34): every split-K epilogue as its own kernel (shipped: FFN in's gate-up "
+               "epilogue runs inside FFN out's staging kernel, one launch fewer a layer); CUDA builds only");
+  bool kv_fp8_by_position = false;
+  app.add_flag("--kv-fp8-by-position", kv_fp8_by_position,
+               "measurement hook (v0.34): with --kv-fp8, the fp8 KV cache laid out by position, as before v0.34 "
+               "(shipped: by head, a head's keys contiguous over the positions); CUDA builds only");
   int attention_policy = -1;
   app.add_option("--attention-policy", attention_policy,
                  "measurement hook: the temporal attention's kernel (personaplex-bench-kernels --only "
@@ -698,8 +698,8 @@ int bench(int argc, char** argv) {
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())
     throw ppx::Error("--mimi-blas-rows needs --sessions or --sweep (one session's codec runs one row)");
   if (gemm_policy >= 0 && mf.device != "cuda") throw ppx::Error("--gemm-policy needs --device cuda");
-  if (gemm_chain && mf.device != "cuda") throw ppx::Error("--gemm-chain needs --device cuda");
-  if (kv_fp8_by_head && !mf.kv_fp8) throw ppx::Error("--kv-fp8-by-head needs --kv-fp8");
+  if (no_gemm_chain && mf.device != "cuda") throw ppx::Error("--no-gemm-chain needs --device cuda");
+  if (kv_fp8_by_position && !mf.kv_fp8) throw ppx::Error("--kv-fp8-by-position needs --kv-fp8");
   if (profile_steps > 0 && (batch_sizes.empty() || mf.device != "cuda"))
     throw ppx::Error("--profile-steps needs --lm-batch and --device cuda");
   if (profile_steps > frames) throw ppx::Error("--profile-steps cannot exceed --frames (it profiles timed steps)");
@@ -717,17 +717,17 @@ int bench(int argc, char** argv) {
   }
   if (gemm_policy >= 0) ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
-  if (gemm_chain) ppx::kern::gemm_set_chain(true);  // before the graphs are captured
-  g_gemm_chain = gemm_chain;
-  if (kv_fp8_by_head) ppx::kern::attention_set_fp8_by_head(true);  // before the model is built
-  g_kv_fp8_by_head = kv_fp8_by_head;
+  if (no_gemm_chain) ppx::kern::gemm_set_chain(false);  // before the graphs are captured
+  g_no_gemm_chain = no_gemm_chain;
+  if (kv_fp8_by_position) ppx::kern::attention_set_fp8_by_head(false);  // before the model is built
+  g_kv_fp8_by_position = kv_fp8_by_position;
   if (attention_policy >= 0) ppx::kern::attention_set_policy(attention_policy);  // before the graphs are captured
   g_attention_policy = attention_policy;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
   if ((mf.mimi_fp16 || mf.fast) && mf.device == "cuda") g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();  // as it applies
 #else
   if (gemm_policy >= 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
-  if (gemm_chain) throw ppx::Error("--gemm-chain needs a build with CUDA");
+  if (no_gemm_chain) throw ppx::Error("--no-gemm-chain needs a build with CUDA");
   if (attention_policy >= 0) throw ppx::Error("--attention-policy needs a build with CUDA");
   if (mimi_blas_rows >= 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif

@@ -477,7 +477,7 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
 
 namespace {
 int g_attention_policy = 0;
-bool g_fp8_by_head = false;
+bool g_fp8_by_head = true;  // as shipped since v0.34
 }  // namespace
 
 void attention_set_fp8_by_head(bool on) { g_fp8_by_head = on; }

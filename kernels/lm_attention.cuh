@@ -29,9 +29,9 @@ struct RingArgs {
   __nv_fp8_e4m3* v8 = nullptr;
   float* k_scale = nullptr;
   float* v_scale = nullptr;
-  // Measurement hook (v0.34, personaplex-bench --kv-fp8-by-head): the fp8 cache laid out
-  // [slots, H, C, hd], a head's keys contiguous over the positions (a 16-key chunk is 2 KiB in one
-  // piece), instead of [slots, C, H * hd]. rope_append writes it and every attention kernel reads it.
+  // The fp8 cache laid out [slots, H, C, hd], a head's keys contiguous over the positions (a 16-key
+  // chunk is 2 KiB in one piece), instead of [slots, C, H * hd]: CudaLm's layout as shipped since
+  // v0.34 (attention_fp8_by_head). rope_append writes it and every attention kernel reads it.
   bool fp8_by_head = false;
   // [B] or nullptr: each row's own position (prompt prefill: rows of one slot at consecutive
   // positions); nullptr: pos[slot[b]].
@@ -61,8 +61,10 @@ int attention_parts(int B, int H, int C, bool fp8 = false);
 // when the kernel does not fit it.
 void attention_init();
 void attention_set_policy(int policy);
-// Measurement hook (v0.34): CudaLm built after attention_set_fp8_by_head(true) lays its fp8 caches
-// out by head (RingArgs::fp8_by_head). Off as shipped.
+// CudaLm lays its fp8 caches out by head (RingArgs::fp8_by_head) when this is true when it is built:
+// the default, as shipped since docs/PERF.md v0.34 (the 64-row full-context step 0.2 ms shorter on
+// an H100); false, a measurement hook (personaplex-bench --kv-fp8-by-position), keeps v0.33's
+// layout by position.
 void attention_set_fp8_by_head(bool on);
 bool attention_fp8_by_head();
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,

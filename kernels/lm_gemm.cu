@@ -426,7 +426,7 @@ void launch_epilogue(GemvOut out, const GemvArgs& c, const float* ws, int S, cud
 
 int g_sms = 0;
 int g_policy = kGemmPolicyAuto;  // gemm_set_policy()
-bool g_chain = false;             // gemm_set_chain()
+bool g_chain = true;              // gemm_set_chain()
 // Policy 3: one cuBLAS handle with its own workspace, made by gemm_set_policy(3) (never freed: a
 // measurement hook of the benchmarks and tests).
 cublasHandle_t g_blas = nullptr;

@@ -136,8 +136,8 @@ fi
 if [ "${NCU_ATTN:-0}" = 1 ]; then
   # Policies run in the order 2 (scalar), 3 (lean, 3 stages), 0 (shipped), 4 (v0.18's), 5 (lean, 4
   # stages), each 16 launches x (1 warm-up + 5 timed replays) of the fp8 cache: 96 skips policy 3's,
-  # 192 policy 0's too, 288 policy 4's, 384 policy 5's; then the by-head layout's (v0.34): 480 skips
-  # policy 0's by head.
+  # 192 policy 0's too, 288 policy 4's, 384 policy 5's; then policy 0's and 3's over the layout by
+  # position (before v0.34): 480 skips policy 0's by position.
   for skip in ${NCU_ATTN_SKIP:-96}; do
     late && { note "ncu attention (skip $skip) skipped (time budget)"; continue; }
     timeout 240 ncu --clock-control none --kernel-name regex:attention_fp8_mma --launch-skip "$skip" --launch-count 1 \

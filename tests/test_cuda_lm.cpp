@@ -52,11 +52,12 @@ struct TinyCuda {
   }();
 };
 
-// Sets kern::attention_set_fp8_by_head (v0.34's measurement hook, read by CudaLm when it is built)
-// for a scope, and turns it off again however the scope ends.
+// Sets kern::attention_set_fp8_by_head (read by CudaLm when it is built; true as shipped, false the
+// measurement hook of v0.33's layout) for a scope, and restores it however the scope ends.
 struct Fp8ByHead {
-  explicit Fp8ByHead(bool on) { kern::attention_set_fp8_by_head(on); }
-  ~Fp8ByHead() { kern::attention_set_fp8_by_head(false); }
+  explicit Fp8ByHead(bool on) : was(kern::attention_fp8_by_head()) { kern::attention_set_fp8_by_head(on); }
+  ~Fp8ByHead() { kern::attention_set_fp8_by_head(was); }
+  const bool was;
   Fp8ByHead(const Fp8ByHead&) = delete;
   Fp8ByHead& operator=(const Fp8ByHead&) = delete;
 };
@@ -123,7 +124,7 @@ TEST(CudaLmGolden, TeacherForcedKvFp8AgainstFp32Reference) {
   opt.kv_fp8 = true;
   const SafeTensors session(test::data("session_tiny_a_cpu_fp32.safetensors"));
   ReplayReport by_position;
-  // The cache laid out by position (shipped), then by head (v0.34's measurement hook): the same
+  // The cache laid out by position (v0.33's, a measurement hook), then by head (shipped): the same
   // figures (the tiny model has one head, where the two layouts are the same bytes; with several
   // heads the layouts' equality is CudaLmAttention.Fp8ByHeadStepsAsByPosition's).
   for (const bool by_head : {false, true}) {
@@ -359,7 +360,7 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   r8.v8 = v8.get();
   r8.k_scale = ks.get();
   r8.v_scale = vs.get();
-  // The same fp8 cache laid out by head (RingArgs::fp8_by_head, v0.34's measurement hook): the same
+  // The same fp8 cache laid out by head (RingArgs::fp8_by_head, shipped since v0.34): the same
   // codes and scales at other addresses, the same attention output bit for bit.
   cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(k.size()), v8h(k.size());
   cuda::DeviceBuffer<float> ksh(ks.size()), vsh(ks.size());
@@ -452,9 +453,9 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   EXPECT_LE(worst, 8e-2);
 }
 
-// The fp8 cache laid out by head (v0.34's measurement hook) against the shipped layout, end to end:
-// the tiny model widened to two heads of 128 (the tensor-core kernel), random weights, sampling on,
-// past the ring's length (24 positions): the same logits and tokens at every step, bit for bit.
+// The fp8 cache laid out by head (shipped since v0.34) against v0.33's layout by position, end to
+// end: the tiny model widened to two heads of 128 (the tensor-core kernel), random weights, sampling
+// on, past the ring's length (24 positions): the same logits and tokens at every step, bit for bit.
 TEST(CudaLmAttention, Fp8ByHeadStepsAsByPosition) {
   SKIP_WITHOUT_GPU();
   const ModelConfig cfg = load_config(test::data("tiny_config_a.json"));
@@ -626,7 +627,7 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
     cuda::DeviceBuffer<__nv_bfloat16> q(hq.size()), out(hq.size());
     PPX_CUDA_CHECK(cudaMemcpy(k8.get(), hk.data(), hk.size(), cudaMemcpyHostToDevice));
     PPX_CUDA_CHECK(cudaMemcpy(v8.get(), hv.data(), hv.size(), cudaMemcpyHostToDevice));
-    // The same codes laid out [slots, H, C, hd] (the by-head experiment of v0.34).
+    // The same codes laid out [slots, H, C, hd] (by head, shipped since v0.34).
     std::vector<uint8_t> hkh(hk.size()), hvh(hv.size());
     for (int sl = 0; sl < 2; ++sl)
       for (int i = 0; i < C; ++i)
@@ -679,7 +680,7 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
               std::vector<__nv_bfloat16> got(hq.size());
               PPX_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
               {
-                // The by-head layout (v0.34's measurement hook): the same sums in the same order.
+                // The by-head layout (shipped since v0.34): the same sums in the same order.
                 kern::RingArgs rh = r;
                 rh.k8 = k8h.get();
                 rh.v8 = v8h.get();
@@ -923,7 +924,7 @@ TEST(CudaScheduler, PromptCacheGivesTheReplayedTokens) {
   }
 }
 
-// The prompt cache with the fp8 cache laid out by head (v0.34's measurement hook; its copies are
+// The prompt cache with the fp8 cache laid out by head (shipped since v0.34; its copies are
 // pitched per head, so the model needs several heads): the tiny model widened to two heads of 128,
 // random weights, text prompts (the voice file is 128 wide), both layouts.
 TEST(CudaScheduler, PromptCacheFp8TwoHeadsBothLayouts) {

@@ -162,7 +162,7 @@ void enqueue_depformer_kernels(const CudaLm& lm, const DepformerIo& io, int st, 
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj.rows_from(static_cast<int64_t>(st) * DD), io.att, DD, DD,
          io.z);
     // defer: FFN in's split-K epilogue (the gate-up) may run inside FFN out's staging (a GEMM chain,
-    // with kern::gemm_set_chain(true); off as shipped).
+    // kern::gemm_set_chain; on as shipped).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in[st], io.z, 2 * DH, DD, io.gu, L.norm2, true);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out[st], io.gu, DD, DH, io.z);
   }
@@ -593,7 +593,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
     kern::ring_attention(io.q, ring, B, io.work, io.att, s);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.out_proj, io.att, D, D, io.x);
     // defer: FFN in's split-K epilogue (the gate-up) may run inside FFN out's staging (a GEMM chain,
-    // with kern::gemm_set_chain(true); off as shipped).
+    // kern::gemm_set_chain; on as shipped).
     gemv(GemvIn::kRmsNorm, GemvOut::kGateUp, L.lin_in, io.x, 2 * H, D, io.gu, L.norm2, true);
     gemv(GemvIn::kPlain, GemvOut::kResidual, L.lin_out, io.gu, D, H, io.x);
   }

@@ -100,7 +100,7 @@ class CudaLm {
   bool w8a16() const { return opt_.w8a16; }
   bool kv_fp8() const { return opt_.kv_fp8; }
   // With kv_fp8: the steppers' fp8 caches laid out by head (kern::RingArgs::fp8_by_head), from
-  // kern::attention_fp8_by_head() when this model was built (a measurement hook, v0.34).
+  // kern::attention_fp8_by_head() when this model was built (true as shipped since v0.34).
   bool kv_fp8_by_head() const { return opt_.kv_fp8 && kv_by_head_; }
   // Device bytes of the weights the step reads: the bf16 arena (everything, or with w8a16 the
   // embeddings and norms only), plus with w8a16 the fp8 weights and their scales.
