@@ -89,8 +89,6 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 }
 
 int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
-bool g_no_gemm_chain = false;     // --no-gemm-chain
-bool g_kv_fp8_by_position = false;  // --kv-fp8-by-position
 int g_attention_policy = -1;  // --attention-policy (-1: as shipped)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
@@ -105,8 +103,14 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
                 {"w8a16", mf.w8a16 || mf.fast},
                 {"speed_flags", m.speed_flags}};
   if (g_gemm_policy >= 0) j["gemm_policy"] = g_gemm_policy;
-  if (g_no_gemm_chain) j["gemm_chain"] = false;
-  if (g_kv_fp8_by_position) j["kv_fp8_by_head"] = false;
+#if defined(PPX_HAVE_CUDA)
+  // What ran (since v0.34 both are on as shipped; --no-gemm-chain and --kv-fp8-by-position turn
+  // them off), written always so that files of different versions read alike.
+  if (mf.device == "cuda") {
+    j["gemm_chain"] = ppx::kern::gemm_chain();
+    if (mf.kv_fp8) j["kv_fp8_by_head"] = ppx::kern::attention_fp8_by_head();
+  }
+#endif
   if (g_attention_policy >= 0) j["attention_policy"] = g_attention_policy;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
@@ -718,9 +722,7 @@ int bench(int argc, char** argv) {
   if (gemm_policy >= 0) ppx::kern::gemm_set_policy(gemm_policy);
   g_gemm_policy = gemm_policy;
   if (no_gemm_chain) ppx::kern::gemm_set_chain(false);  // before the graphs are captured
-  g_no_gemm_chain = no_gemm_chain;
   if (kv_fp8_by_position) ppx::kern::attention_set_fp8_by_head(false);  // before the model is built
-  g_kv_fp8_by_position = kv_fp8_by_position;
   if (attention_policy >= 0) ppx::kern::attention_set_policy(attention_policy);  // before the graphs are captured
   g_attention_policy = attention_policy;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built

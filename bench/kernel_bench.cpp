@@ -407,8 +407,9 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<i
         rows.push_back({{"B", B}, {"keys", n}, {"policy", policy}, {"fp8_by_head", r8.fp8_by_head},
                         {"bf16_us", t16 * 1e3}, {"bf16_tb_s", b16 / (t16 * 1e-3) / 1e12}, {"fp8_us", t8 * 1e3},
                         {"fp8_tb_s", b8 / (t8 * 1e-3) / 1e12}});
-        std::printf("attention policy %d B=%2d keys=%4d  bf16 %8.1f us %5.2f TB/s   fp8 %8.1f us %5.2f TB/s\n", policy,
-                    B, n, t16 * 1e3, b16 / (t16 * 1e-3) / 1e12, t8 * 1e3, b8 / (t8 * 1e-3) / 1e12);
+        std::printf("attention policy %d B=%2d keys=%4d  bf16 %8.1f us %5.2f TB/s   fp8 (%s) %8.1f us %5.2f TB/s\n",
+                    policy, B, n, t16 * 1e3, b16 / (t16 * 1e-3) / 1e12, r8.fp8_by_head ? "by head" : "by position",
+                    t8 * 1e3, b8 / (t8 * 1e-3) / 1e12);
         std::fflush(stdout);
       }
       // Policies 0 and 3 over the other fp8 layout (by position, before v0.34, when the shipped
