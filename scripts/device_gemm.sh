@@ -14,7 +14,7 @@
 #   NCU_B [64]                batch of the profiled launches; NCU_POLICIES ["0"] their --gemm-policy
 #   NCU_KERNEL [gemm_kernel]  regex of the profiled kernel's name (wg_kernel: policies 4-6 from 40 rows);
 #   NCU_SKIP [310]            launches of it skipped first (310 passes the bf16 GEMMs of gemm_kernel)
-#   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
+#   LM_RUNS ["fast:--fast"]   ';'-separated "NAME:FLAGS[:BIN]" --lm-batch runs (LM_BATCH ["16 64 128"]; PREFILL
 #                             [0]: steps that fill the contexts first, 2999 for issue #14's full-context step)
 #   MIMI_BLAS_ROWS [""]       values of personaplex-bench-mimi --mimi-blas-rows (4: as shipped, 0: v0.20's codec),
 #                             each a --mimi-fp16 --batch MIMI_BATCHES ["8 16 32 64 128"] run; "" skips

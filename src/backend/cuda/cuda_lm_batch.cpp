@@ -196,26 +196,14 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
       PPX_CUDA_CHECK(cudaMemcpyAsync(to_store ? dst : layer, to_store ? layer : dst, width, cudaMemcpyDeviceToDevice, stream_));
     }
   };
-  // The fp8 cache's scales [layer][slot][head][context]: per layer, H rows of P floats (pitch C).
-  auto scales = [&](float* base) {
+  // A tensor laid out by head [layer][slot][head][context][e] with `e` bytes per (head, position):
+  // per layer, H rows of P x e bytes (pitch C x e). The fp8 cache's scales (e = sizeof(float)) and,
+  // laid out by head (kern::RingArgs::fp8_by_head), its codes (e = hd).
+  auto per_head = [&](void* base, size_t e) {
     const size_t H = static_cast<size_t>(c.num_heads), C = static_cast<size_t>(c.context);
-    const size_t width = P * sizeof(float), pitch = C * sizeof(float);
+    const size_t width = P * e, pitch = C * e;
     for (size_t l = 0; l < L; ++l, dst += H * width) {
-      uint8_t* layer = reinterpret_cast<uint8_t*>(base + (l * all + static_cast<size_t>(slot)) * H * C);
-      if (to_store)
-        PPX_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, layer, pitch, width, H, cudaMemcpyDeviceToDevice, stream_));
-      else
-        PPX_CUDA_CHECK(cudaMemcpy2DAsync(layer, pitch, dst, width, width, H, cudaMemcpyDeviceToDevice, stream_));
-    }
-  };
-  // The fp8 cache laid out by head [layer][slot][head][context][hd] (kern::RingArgs::fp8_by_head):
-  // per layer, H rows of P x hd bytes (pitch C x hd).
-  auto by_head = [&](void* base) {
-    const size_t H = static_cast<size_t>(c.num_heads), C = static_cast<size_t>(c.context),
-                 hd = static_cast<size_t>(c.dim / c.num_heads);
-    const size_t width = P * hd, pitch = C * hd;
-    for (size_t l = 0; l < L; ++l, dst += H * width) {
-      uint8_t* layer = static_cast<uint8_t*>(base) + (l * all + static_cast<size_t>(slot)) * H * C * hd;
+      uint8_t* layer = static_cast<uint8_t*>(base) + (l * all + static_cast<size_t>(slot)) * H * pitch;
       if (to_store)
         PPX_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, layer, pitch, width, H, cudaMemcpyDeviceToDevice, stream_));
       else
@@ -223,16 +211,17 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
     }
   };
   const size_t D = static_cast<size_t>(c.dim);
-  if (lm_.kv_fp8() && lm_.kv_fp8_by_head()) {
-    by_head(k8_cache_.get());
-    by_head(v8_cache_.get());
-    scales(k_scale_.get());
-    scales(v_scale_.get());
-  } else if (lm_.kv_fp8()) {
-    tensor(k8_cache_.get(), D, 1);
-    tensor(v8_cache_.get(), D, 1);
-    scales(k_scale_.get());
-    scales(v_scale_.get());
+  if (lm_.kv_fp8()) {
+    if (lm_.kv_fp8_by_head()) {
+      const size_t hd = static_cast<size_t>(c.dim / c.num_heads);
+      per_head(k8_cache_.get(), hd);
+      per_head(v8_cache_.get(), hd);
+    } else {
+      tensor(k8_cache_.get(), D, 1);
+      tensor(v8_cache_.get(), D, 1);
+    }
+    per_head(k_scale_.get(), sizeof(float));
+    per_head(v_scale_.get(), sizeof(float));
   } else {
     tensor(k_cache_.get(), D, sizeof(bf16));
     tensor(v_cache_.get(), D, sizeof(bf16));

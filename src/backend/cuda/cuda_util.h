@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ppx/error.h"
 
@@ -54,6 +55,16 @@ class DeviceBuffer {
   void upload(const T* host, size_t n, cudaStream_t s = nullptr) {
     if (n > n_) throw Error("DeviceBuffer::upload: " + std::to_string(n) + " > " + std::to_string(n_));
     if (n) PPX_CUDA_CHECK(cudaMemcpyAsync(p_, host, n * sizeof(T), cudaMemcpyHostToDevice, s));
+  }
+  // The first n elements (all of them by default), copied to the host by cudaMemcpy, which is
+  // ordered after the legacy default stream's work and blocking streams' only: synchronize a
+  // non-blocking stream that wrote them first (tests and one-off reads, not the per-frame path).
+  std::vector<T> download() const { return download(n_); }
+  std::vector<T> download(size_t n) const {
+    if (n > n_) throw Error("DeviceBuffer::download: " + std::to_string(n) + " > " + std::to_string(n_));
+    std::vector<T> host(n);
+    if (n) PPX_CUDA_CHECK(cudaMemcpy(host.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
   }
   T* get() const { return p_; }
   size_t size() const { return n_; }

@@ -1,0 +1,377 @@
+// The temporal ring attention kernels (kernels/lm_attention.cu) against references: the fp8 cache
+// against the bf16 one (both layouts), and ring_attention over bf16 and fp8 caches against an fp64
+// reference of upstream's visibility rule, for every split policy. Kernel-level tests on raw device
+// buffers; the LM-level ones (CudaLmAttention.Fp8ByHeadStepsAsByPosition) are in test_cuda_lm.cpp.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_util.h"
+#include "lm_attention.cuh"
+#include "lm_misc.cuh"
+
+using namespace ppx;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// An fp8 buffer's codes as bytes.
+std::vector<uint8_t> codes(const cuda::DeviceBuffer<__nv_fp8_e4m3>& d) {
+  const std::vector<__nv_fp8_e4m3> h = d.download();
+  std::vector<uint8_t> b(h.size());
+  for (size_t i = 0; i < h.size(); ++i) b[i] = h[i].__x;
+  return b;
+}
+
+// One (row, head) of the temporal ring attention in double precision: the query of position qp
+// over a ring of C entries with upstream's visibility rule (see lm_attention.cuh) and a context
+// limit (0: none). q(j) is the query's dim j, key(idx, j) and val(idx, j) entry idx's stored key
+// and value (their scales applied). Returns the hd outputs.
+std::vector<double> ring_attention_reference(int C, int hd, int qp, int context,
+                                                    const std::function<double(int)>& q,
+                                                    const std::function<double(int, int)>& key,
+                                                    const std::function<double(int, int)>& val) {
+  const int E = qp + 1;
+  std::vector<double> w(C, 0.0);
+  std::vector<char> vis(C, 0);
+  double mx = -1e300;
+  for (int idx = 0; idx < std::min(C, E); ++idx) {
+    const int delta = idx - E % C;
+    const int label = delta <= 0 ? E + delta : E + delta - C;
+    if (label < 0 || qp - label < 0 || (context > 0 && qp - label >= context)) continue;
+    double d = 0;
+    for (int j = 0; j < hd; ++j) d += q(j) * key(idx, j);
+    w[idx] = d / std::sqrt(static_cast<double>(hd));
+    vis[idx] = 1;
+    mx = std::max(mx, w[idx]);
+  }
+  double l = 0;
+  std::vector<double> acc(hd, 0.0);
+  for (int idx = 0; idx < C; ++idx) {
+    if (!vis[idx]) continue;
+    const double e = std::exp(w[idx] - mx);
+    l += e;
+    for (int j = 0; j < hd; ++j) acc[j] += e * val(idx, j);
+  }
+  for (double& a : acc) a /= l;
+  return acc;
+}
+
+}  // namespace
+
+// The fp8 cache (--kv-fp8): rope_append into an fp8 ring and a bf16 ring from the same q/k/v rows
+// at every position of a short history, then ring attention over each. The fp8 entries must be
+// the bf16 ones within e4m3's rounding at a per-(position, head) scale of max / 448, and the
+// attention outputs within e4m3's relative error of each other.
+TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
+  SKIP_WITHOUT_GPU();
+  const int H = 4, hd = 128, C = 300, D = H * hd, steps = 200;
+  cuda::DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(C) * D), v(k.size()), qkv(3 * D), q(D), q8(D), out(D),
+      out8(D);
+  cuda::DeviceBuffer<__nv_fp8_e4m3> k8(k.size()), v8(k.size());
+  cuda::DeviceBuffer<float> ks(static_cast<size_t>(C) * H), vs(ks.size()), work(kern::attention_work_floats(1, H, hd, C));
+  ks.zero();  // positions never written are compared below too
+  vs.zero();
+  cuda::DeviceBuffer<int32_t> pos(1), slot(1);
+  const int32_t zero = 0;
+  slot.upload(&zero, 1);
+  kern::RingArgs rb{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, 0};
+  kern::RingArgs r8 = rb;
+  r8.k = r8.v = nullptr;
+  r8.k8 = k8.get();
+  r8.v8 = v8.get();
+  r8.k_scale = ks.get();
+  r8.v_scale = vs.get();
+  // The same fp8 cache laid out by head (RingArgs::fp8_by_head, shipped since v0.34): the same
+  // codes and scales at other addresses, the same attention output bit for bit.
+  cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(k.size()), v8h(k.size());
+  cuda::DeviceBuffer<float> ksh(ks.size()), vsh(ks.size());
+  ksh.zero();
+  vsh.zero();
+  cuda::DeviceBuffer<__nv_bfloat16> outh(D);
+  kern::RingArgs rh = r8;
+  rh.k8 = k8h.get();
+  rh.v8 = v8h.get();
+  rh.k_scale = ksh.get();
+  rh.v_scale = vsh.get();
+  rh.fp8_by_head = true;
+  double worst = 0;
+  for (int t = 0; t < steps; ++t) {
+    pos.upload(&t, 1);
+    kern::fill_random_bf16(qkv.get(), 3 * D, 100 + t, t % 7 == 0 ? 20.f : 1.f, 0.f, nullptr);
+    kern::rope_append(qkv.get(), q.get(), rb, 1, 10000.f, nullptr);
+    kern::rope_append(qkv.get(), q8.get(), r8, 1, 10000.f, nullptr);
+    kern::rope_append(qkv.get(), q8.get(), rh, 1, 10000.f, nullptr);
+    if (t % 50 == 49) {
+      kern::ring_attention(q.get(), rb, 1, work.get(), out.get(), nullptr);
+      kern::ring_attention(q8.get(), r8, 1, work.get(), out8.get(), nullptr);
+      kern::ring_attention(q8.get(), rh, 1, work.get(), outh.get(), nullptr);
+      PPX_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<__nv_bfloat16> a = out.download(), b = out8.download(), bh = outh.download();
+      ASSERT_EQ(0, std::memcmp(b.data(), bh.data(), D * sizeof(__nv_bfloat16))) << "by head, position " << t;
+      double num = 0, den = 0;
+      for (int i = 0; i < D; ++i) {
+        const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+        num += (x - y) * (x - y);
+        den += x * x;
+      }
+      worst = std::max(worst, std::sqrt(num / den));
+    }
+  }
+  PPX_CUDA_CHECK(cudaDeviceSynchronize());
+  PPX_CUDA_CHECK(cudaGetLastError());
+  const std::vector<__nv_bfloat16> hk = k.download(), hv = v.download();
+  const std::vector<uint8_t> hk8 = codes(k8), hv8 = codes(v8);
+  const std::vector<float> hks = ks.download(), hvs = vs.download();
+  {
+    const std::vector<uint8_t> hk8h = codes(k8h), hv8h = codes(v8h);
+    const std::vector<float> hksh = ksh.download(), hvsh = vsh.download();
+    EXPECT_EQ(hks, hksh);
+    EXPECT_EQ(hvs, hvsh);
+    for (int t = 0; t < steps; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < hd; ++j) {
+          const size_t by_pos = static_cast<size_t>(t) * D + h * hd + j;
+          const size_t by_head = (static_cast<size_t>(h) * C + t) * hd + j;
+          ASSERT_EQ(hk8[by_pos], hk8h[by_head]) << "key, position " << t << " head " << h << " dim " << j;
+          ASSERT_EQ(hv8[by_pos], hv8h[by_head]) << "value, position " << t << " head " << h << " dim " << j;
+        }
+  }
+  auto fp8v = [](uint8_t code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
+  };
+  for (int t = 0; t < steps; ++t) {
+    for (int h = 0; h < H; ++h) {
+      for (int which = 0; which < 2; ++which) {
+        const std::vector<__nv_bfloat16>& ref = which ? hv : hk;
+        const std::vector<uint8_t>& q8h = which ? hv8 : hk8;
+        const float sc = (which ? hvs : hks)[static_cast<size_t>(h) * C + t];  // [slots, H, C]
+        float mx = 0.f;
+        for (int j = 0; j < hd; ++j) mx = std::max(mx, std::fabs(__bfloat162float(ref[static_cast<size_t>(t) * D + h * hd + j])));
+        ASSERT_FLOAT_EQ(sc, mx > 0.f ? mx / 448.f : 1.f) << "position " << t << " head " << h;
+        for (int j = 0; j < hd; ++j) {
+          const size_t i = static_cast<size_t>(t) * D + h * hd + j;
+          const float want = __bfloat162float(ref[i]), got = fp8v(q8h[i]) * sc;
+          ASSERT_LE(std::fabs(got - want), std::fabs(want) / 16.f + sc / 512.f) << "position " << t << " head " << h;
+        }
+      }
+    }
+  }
+  std::printf("fp8 KV cache: attention output vs the bf16 cache, worst rel L2 %.4f\n", worst);
+  // Measured 0.052 on an H200 (2026-12-03): random values average to a small output, so the
+  // entries' e4m3 rounding (~3.6% rms) shows at full size in the relative error. The entries
+  // themselves are checked exactly above; this guards the read path.
+  EXPECT_LE(worst, 8e-2);
+}
+
+// The temporal ring attention against a plain fp32 reference of upstream's visibility rule, with
+// several splits, a wrapped ring and a context limit: random q, K, V (values as stored, bf16).
+// Rows alternate between two slots. 2 rows: a block per chunk of the ring. 64 rows: fewer blocks
+// than chunks, each block carrying its softmax across chunks (attention_parts). With row_pos:
+// every row at its own position (prompt prefill), as the query of that position.
+TEST(CudaLmAttention, RingAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int H = 4, hd = 128, C = 700, D = H * hd, Bmax = 64;
+  ASSERT_LT(kern::attention_parts(Bmax, H, C), (C + 63) / 64) << "64 rows must exercise blocks of several chunks";
+  cuda::DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(2) * C * D), v(k.size()), q(static_cast<size_t>(Bmax) * D),
+      out(static_cast<size_t>(Bmax) * D);
+  cuda::DeviceBuffer<float> work(kern::attention_work_floats(Bmax, H, hd, C));
+  kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 1, 1.f, 0.f, nullptr);
+  kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 2, 1.f, 0.f, nullptr);
+  kern::fill_random_bf16(q.get(), static_cast<int64_t>(q.size()), 3, 2.f, 0.f, nullptr);
+  auto host = [](const cuda::DeviceBuffer<__nv_bfloat16>& d) {
+    const std::vector<__nv_bfloat16> h = d.download();
+    std::vector<float> f(h.size());
+    for (size_t i = 0; i < h.size(); ++i) f[i] = __bfloat162float(h[i]);
+    return f;
+  };
+  const std::vector<float> hk = host(k), hv = host(v), hq = host(q);
+  cuda::DeviceBuffer<int32_t> pos(2), slot(Bmax), row_pos(Bmax);
+  std::vector<int32_t> slots(Bmax);
+  for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
+  slot.upload(slots.data(), Bmax);
+  for (const int B : {2, 64}) {
+    for (const bool per_row : {false, true}) {
+      for (int context : {0, 250}) {
+        for (int p : {0, 5, 63, 64, 699, 1500}) {
+          const int32_t positions[2] = {p / 2, p};  // slot 0 at p / 2, slot 1 at p (batch row 0)
+          pos.upload(positions, 2);
+          std::vector<int32_t> rp(Bmax);
+          for (int b = 0; b < Bmax; ++b) rp[b] = std::max(0, p - b);
+          row_pos.upload(rp.data(), Bmax);
+          kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, context};
+          if (per_row) r.row_pos = row_pos.get();
+          kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
+          PPX_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> got = host(out);
+          double num = 0, den = 0;
+          for (int b = 0; b < B; ++b) {
+            const int s = slots[b], qp = per_row ? rp[b] : positions[s];
+            for (int h = 0; h < H; ++h) {
+              const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
+              const std::vector<double> ref = ring_attention_reference(
+                  C, hd, qp, context, [&](int j) { return static_cast<double>(hq[b * D + h * hd + j]); },
+                  [&](int idx, int j) { return static_cast<double>(hk[row0 + static_cast<size_t>(idx) * D + j]); },
+                  [&](int idx, int j) { return static_cast<double>(hv[row0 + static_cast<size_t>(idx) * D + j]); });
+              for (int j = 0; j < hd; ++j) {
+                const double g = got[b * D + h * hd + j];
+                num += (g - ref[j]) * (g - ref[j]);
+                den += ref[j] * ref[j];
+              }
+            }
+          }
+          const double rel = std::sqrt(num / den);
+          EXPECT_LE(rel, 4e-3) << B << " rows, per-row positions " << per_row << ", context " << context
+                               << ", position " << p;  // bf16 output rounding
+        }
+      }
+    }
+  }
+}
+
+
+// The fp8 cache's attention (the tensor-core kernel and the scalar one) against an fp64
+// reference over the stored values: random e4m3 codes with per-(position, head) scales (the value
+// scales over 2^-30 .. 2^6: they ride on the scores as a bias), queries of very different magnitudes per
+// row, a wrapped ring, a context limit, 2 and 64 rows, per-row positions, heads of 128 and 64.
+TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const int hd : {128, 64}) {
+    const int H = 3, C = 700, D = H * hd, Bmax = 64;
+    std::mt19937 rng(hd);
+    std::vector<uint8_t> hk(static_cast<size_t>(2) * C * D), hv(hk.size());
+    for (auto* vec : {&hk, &hv})
+      for (auto& x : *vec) {
+        x = static_cast<uint8_t>(rng() & 0xff);
+        if ((x & 0x7f) == 0x7f) x &= 0xfe;  // no NaN codes (rope_append never writes them)
+      }
+    std::vector<float> hks(static_cast<size_t>(2) * C * H), hvs(hks.size());
+    std::uniform_real_distribution<float> ex(-30.f, 6.f), kex(-14.f, -4.f);
+    for (auto& x : hks) x = std::exp2(kex(rng));
+    for (auto& x : hvs) x = std::exp2(ex(rng));
+    std::vector<__nv_bfloat16> hq(static_cast<size_t>(Bmax) * D);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int b = 0; b < Bmax; ++b) {
+      const float mag = b % 3 == 0 ? 1e-3f : (b % 3 == 1 ? 1.f : 30.f);
+      for (int i = 0; i < D; ++i) hq[static_cast<size_t>(b) * D + i] = __float2bfloat16(nd(rng) * mag);
+    }
+    cuda::DeviceBuffer<__nv_fp8_e4m3> k8(hk.size()), v8(hv.size());
+    cuda::DeviceBuffer<float> ks(hks.size()), vs(hvs.size()), work(kern::attention_work_floats(Bmax, H, hd, C));
+    cuda::DeviceBuffer<__nv_bfloat16> q(hq.size()), out(hq.size());
+    PPX_CUDA_CHECK(cudaMemcpy(k8.get(), hk.data(), hk.size(), cudaMemcpyHostToDevice));
+    PPX_CUDA_CHECK(cudaMemcpy(v8.get(), hv.data(), hv.size(), cudaMemcpyHostToDevice));
+    // The same codes laid out [slots, H, C, hd] (by head, shipped since v0.34).
+    std::vector<uint8_t> hkh(hk.size()), hvh(hv.size());
+    for (int sl = 0; sl < 2; ++sl)
+      for (int i = 0; i < C; ++i)
+        for (int h = 0; h < H; ++h)
+          for (int j = 0; j < hd; ++j) {
+            const size_t from = (static_cast<size_t>(sl) * C + i) * D + h * hd + j;
+            const size_t to = ((static_cast<size_t>(sl) * H + h) * C + i) * hd + j;
+            hkh[to] = hk[from];
+            hvh[to] = hv[from];
+          }
+    cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(hk.size()), v8h(hv.size());
+    PPX_CUDA_CHECK(cudaMemcpy(k8h.get(), hkh.data(), hkh.size(), cudaMemcpyHostToDevice));
+    PPX_CUDA_CHECK(cudaMemcpy(v8h.get(), hvh.data(), hvh.size(), cudaMemcpyHostToDevice));
+    ks.upload(hks.data(), hks.size());
+    vs.upload(hvs.data(), hvs.size());
+    q.upload(hq.data(), hq.size());
+    auto fp8v = [](uint8_t code) {
+      return static_cast<double>(
+          __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3))));
+    };
+    cuda::DeviceBuffer<int32_t> pos(2), slot(Bmax), row_pos(Bmax);
+    std::vector<int32_t> slots(Bmax);
+    for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
+    slot.upload(slots.data(), Bmax);
+    // Policy 0: the tensor-core kernel for hd 128 (the scalar one for 64); 2: the scalar kernel;
+    // 3 and 5: the lean tensor-core kernel with 3 and 4 stages (policy 0 takes 4 from 64 rows, 3
+    // below); 4: v0.18's tensor-core kernel.
+    for (const int policy : {0, 2, 3, 4, 5}) {
+      kern::attention_set_policy(policy);
+      if (hd == 128 && policy != 2) {
+        ASSERT_LT(kern::attention_parts(Bmax, H, C, true), (C + 63) / 64) << "64 rows must stream several chunks";
+      }
+      for (const int B : {2, 64}) {
+        for (const bool per_row : {false, true}) {
+          for (int context : {0, 250}) {
+            for (int p : {0, 17, 64, 699, 1500}) {
+              const int32_t positions[2] = {p / 2, p};
+              pos.upload(positions, 2);
+              std::vector<int32_t> rp(Bmax);
+              for (int b = 0; b < Bmax; ++b) rp[b] = std::max(0, p - 3 * b);
+              row_pos.upload(rp.data(), Bmax);
+              kern::RingArgs r{nullptr, nullptr, pos.get(), slot.get(), C, H, hd, context};
+              r.k8 = k8.get();
+              r.v8 = v8.get();
+              r.k_scale = ks.get();
+              r.v_scale = vs.get();
+              if (per_row) r.row_pos = row_pos.get();
+              kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
+              PPX_CUDA_CHECK(cudaDeviceSynchronize());
+              const std::vector<__nv_bfloat16> got = out.download();
+              {
+                // The by-head layout (shipped since v0.34): the same sums in the same order.
+                kern::RingArgs rh = r;
+                rh.k8 = k8h.get();
+                rh.v8 = v8h.get();
+                rh.fp8_by_head = true;
+                kern::ring_attention(q.get(), rh, B, work.get(), out.get(), nullptr);
+                PPX_CUDA_CHECK(cudaDeviceSynchronize());
+                const std::vector<__nv_bfloat16> goth = out.download();
+                ASSERT_EQ(0, std::memcmp(got.data(), goth.data(), static_cast<size_t>(B) * D * sizeof(__nv_bfloat16)))
+                    << "by-head layout, policy " << policy << ", " << B << " rows, position " << p;
+              }
+              double worst = 0;
+              for (int b = 0; b < B; ++b) {
+                const int s = slots[b], qp = per_row ? rp[b] : positions[s];
+                for (int h = 0; h < H; ++h) {
+                  const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
+                  const size_t sc0 = (static_cast<size_t>(s) * H + h) * C;  // scales [slots, H, C]
+                  const std::vector<double> ref = ring_attention_reference(
+                      C, hd, qp, context,
+                      [&](int j) {
+                        return static_cast<double>(__bfloat162float(hq[static_cast<size_t>(b) * D + h * hd + j]));
+                      },
+                      [&](int idx, int j) {
+                        const size_t i = static_cast<size_t>(idx);
+                        return fp8v(hk[row0 + i * D + j]) * hks[sc0 + i];
+                      },
+                      [&](int idx, int j) {
+                        const size_t i = static_cast<size_t>(idx);
+                        return fp8v(hv[row0 + i * D + j]) * hvs[sc0 + i];
+                      });
+                  double num = 0, den = 0;
+                  for (int j = 0; j < hd; ++j) {
+                    const double g = __bfloat162float(got[static_cast<size_t>(b) * D + h * hd + j]);
+                    num += (g - ref[j]) * (g - ref[j]);
+                    den += ref[j] * ref[j];
+                  }
+                  ASSERT_GT(den, 0.0);
+                  worst = std::max(worst, std::sqrt(num / den));
+                }
+              }
+              // bf16 output rounding (~2e-3 rms at most) plus the half weights' (2^-11 each).
+              EXPECT_LE(worst, 4e-3) << "hd " << hd << ", policy " << policy << ", " << B
+                                     << " rows, per-row positions " << per_row << ", context " << context
+                                     << ", position " << p;
+            }
+          }
+        }
+      }
+    }
+    kern::attention_set_policy(0);
+  }
+}
