@@ -9,7 +9,7 @@
 #   TESTS [1]                    0 skips the CUDA suite (GTEST_FILTER narrows it)
 #   KERNELS ["attention-batch gemm"]  personaplex-bench-kernels sections
 #   LM_BATCH ["1 4 16 64"]       batch sizes of the --lm-batch runs
-#   LM_RUNS ["fast:--fast"]      ';'-separated "NAME:FLAGS" --lm-batch runs (PREFILL [none]: steps first)
+#   LM_RUNS ["fast:--fast"]      ';'-separated "NAME:FLAGS[:BIN]" --lm-batch runs (PREFILL [none]: steps first)
 #   SESSION_RUNS [""]            ';'-separated "NAME:N:FLAGS" --sessions runs
 #   FRAMES [50], WARMUP [5]      timed and warm-up steps
 #   TIME_BUDGET_S [540]          a run that would start past this is skipped

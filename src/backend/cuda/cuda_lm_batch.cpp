@@ -37,7 +37,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   const size_t kv = static_cast<size_t>(c.num_layers) * all * c.context * D;
   {
     // The KV caches dominate: say how much they need before allocating (a failed cudaMalloc names no
-    // flag). What capacity keeps back (2% and 3 GiB) stays for the row buffers, graphs and cuBLAS's
+    // flag). What capacity keeps back (2% and 1 GiB) stays for the row buffers, graphs and cuBLAS's
     // workspace (the codec is already made; the prompt cache's store, made after, checks itself).
     const double need = static_cast<double>(kv) * 2 * (lm.kv_fp8() ? 1.0 + 4.0 * c.num_heads / D : 2.0);
     size_t free_b = 0, total_b = 0;
