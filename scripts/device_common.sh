@@ -10,7 +10,8 @@ B=/tmp/devrun/bin
 # lm_batch_runs DEFAULT_BATCHES: the ';'-separated "NAME:FLAGS[:BIN]" entries of LM_RUNS (default
 # "fast:--fast"), each a `personaplex-bench --lm-batch` run (or BIN's: another build's bench packed
 # into $B under its own name: device_pack.sh's PPX_DEV_BINS copies by file name, so copy it into the
-# build folder renamed first, e.g. base/personaplex-bench-base) at LM_BATCH (default DEFAULT_BATCHES) after PREFILL steps (none by default), $frames timed and $warmup untimed steps, into
+# build folder renamed first, e.g. base/personaplex-bench-base) at LM_BATCH (default
+# DEFAULT_BATCHES) after PREFILL steps (none by default), $frames timed and $warmup untimed steps, into
 # $raw/lm_batch_NAME.{json,log}; uses the caller's raw, frames, warmup, note, late and summary.
 lm_batch_runs() {
   local e name flags bin

@@ -16,15 +16,13 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "cuda_test_util.h"
 #include "lm_attention.cuh"
 #include "lm_misc.cuh"
 
 using namespace ppx;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 // An fp8 buffer's codes as bytes.
 std::vector<uint8_t> codes(const cuda::DeviceBuffer<__nv_fp8_e4m3>& d) {
@@ -190,13 +188,7 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
   kern::fill_random_bf16(k.get(), static_cast<int64_t>(k.size()), 1, 1.f, 0.f, nullptr);
   kern::fill_random_bf16(v.get(), static_cast<int64_t>(v.size()), 2, 1.f, 0.f, nullptr);
   kern::fill_random_bf16(q.get(), static_cast<int64_t>(q.size()), 3, 2.f, 0.f, nullptr);
-  auto host = [](const cuda::DeviceBuffer<__nv_bfloat16>& d) {
-    const std::vector<__nv_bfloat16> h = d.download();
-    std::vector<float> f(h.size());
-    for (size_t i = 0; i < h.size(); ++i) f[i] = __bfloat162float(h[i]);
-    return f;
-  };
-  const std::vector<float> hk = host(k), hv = host(v), hq = host(q);
+  const std::vector<float> hk = test::to_host(k), hv = test::to_host(v), hq = test::to_host(q);
   cuda::DeviceBuffer<int32_t> pos(2), slot(Bmax), row_pos(Bmax);
   std::vector<int32_t> slots(Bmax);
   for (int b = 0; b < Bmax; ++b) slots[b] = (b + 1) % 2;
@@ -214,7 +206,7 @@ TEST(CudaLmAttention, RingAttentionMatchesReference) {
           if (per_row) r.row_pos = row_pos.get();
           kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
           PPX_CUDA_CHECK(cudaDeviceSynchronize());
-          const std::vector<float> got = host(out);
+          const std::vector<float> got = test::to_host(out);
           double num = 0, den = 0;
           for (int b = 0; b < B; ++b) {
             const int s = slots[b], qp = per_row ? rp[b] : positions[s];

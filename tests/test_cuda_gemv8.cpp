@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_util.h"
+#include "cuda_test_util.h"
 #include "lm_gemm_sm90a.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
@@ -30,8 +31,6 @@ using kern::GemvOut;
 
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 // e4m3 (OCP FP8, bias 7, no infinities, 0x7f / 0xff are NaN) to float, written from the format's
 // definition (independent of cuda_fp8.h).
@@ -52,13 +51,7 @@ float bf16r(float x) {
   return r;
 }
 
-std::vector<float> to_host(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
-  std::vector<__nv_bfloat16> h(d.size());
-  PPX_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); ++i) f[i] = __bfloat162float(h[i]);
-  return f;
-}
+using test::to_host;
 template <typename T>
 std::vector<T> to_host_raw(const T* d, size_t n) {
   std::vector<T> h(n);

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
+#include "cuda_test_util.h"
 #include "ppx/backend.h"
 #include "engine/golden_replay.h"
 #include "engine/scheduler.h"
@@ -35,8 +36,6 @@ using namespace ppx;
 
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 struct TinyCuda {
   explicit TinyCuda(const cuda::CudaLmOptions& opt = {}) : lm(*cfg.lm, lw, opt) {}
