@@ -16,6 +16,19 @@ namespace {
 using namespace attn_impl;
 
 
+// The scale byte of a head whose largest magnitude is a: the smallest power of two 2^e with
+// a / 2^e <= 448 (e4m3's largest finite value), as the byte e + 127 clamped to 1..254. With
+// a = f 2^E (f in [0.5, 1)): e = E - 9 gives a / 2^e = 512 f, at most 448 when f <= 0.875; else
+// e = E - 8 (256 f, in (224, 256)). Zero: 127 (scale 1); infinity: 254.
+__device__ __forceinline__ uint8_t fp8_scale_byte(float a) {
+  if (!(a > 0.f)) return 127;
+  if (isinf(a)) return 254;
+  int E = 0;
+  const float f = frexpf(a, &E);
+  const int e = E - 9 + (f > 0.875f ? 1 : 0);
+  return static_cast<uint8_t>(min(254, max(1, e + 127)));
+}
+
 // One thread per rotation pair of q and of k, plus a copy of v. With an fp8 cache (r.k8) each
 // block holds whole heads (hd / 2 divides blockDim.x): the rotated keys and the values are
 // gathered in shared memory, one thread per head finds the head's largest magnitudes, and every
@@ -68,12 +81,14 @@ __global__ void rope_append_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* q_ou
       a = fmaxf(a, mk[t]);
       bm = fmaxf(bm, mv[t]);
     }
-    sk[first] = a > 0.f ? a / 448.f : 1.f;
-    sv[first] = bm > 0.f ? bm / 448.f : 1.f;
+    const uint8_t ek = fp8_scale_byte(a), ev = fp8_scale_byte(bm);
+    sk[first] = fp8_scale_value(ek);
+    sv[first] = fp8_scale_value(ev);
     const int h = e / r.hd;
-    const int64_t srow = (static_cast<int64_t>(r.slot[b]) * r.H + h) * r.C + pos % r.C;  // [slots, H, C]
-    r.k_scale[srow] = sk[first];
-    r.v_scale[srow] = sv[first];
+    // [slots, H, fp8_scale_pitch(C)]
+    const int64_t srow = (static_cast<int64_t>(r.slot[b]) * r.H + h) * fp8_scale_pitch(r.C) + pos % r.C;
+    r.k_scale[srow] = ek;
+    r.v_scale[srow] = ev;
   }
   __syncthreads();
   if (!live) return;
@@ -294,7 +309,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
                          dg * DL;
   const KT* kb = (kFp8 ? reinterpret_cast<const KT*>(r.k8) : reinterpret_cast<const KT*>(r.k)) + cache0;
   const KT* vb = (kFp8 ? reinterpret_cast<const KT*>(r.v8) : reinterpret_cast<const KT*>(r.v)) + cache0;
-  const int64_t s0 = (static_cast<int64_t>(slot) * r.H + h) * r.C;
+  const int64_t s0 = (static_cast<int64_t>(slot) * r.H + h) * fp8_scale_pitch(r.C);
   const int chunks = live_chunks(qpos, r.C);
   for (int sp = part; sp < chunks; sp += parts) {
     const int k0 = sp * kSplit + warp * (kSplit / kAttnWarps) + grp;
@@ -310,8 +325,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
         kw[u].load(kb + static_cast<int64_t>(idx) * rs);
         vw[u].load(vb + static_cast<int64_t>(idx) * rs);
         if constexpr (kFp8) {
-          ksc[u] = r.k_scale[s0 + idx];
-          vsc[u] = r.v_scale[s0 + idx];
+          ksc[u] = fp8_scale_value(r.k_scale[s0 + idx]);
+          vsc[u] = fp8_scale_value(r.v_scale[s0 + idx]);
         }
       } else {
         kw[u].zero();
@@ -339,7 +354,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     float mn = m;
 #pragma unroll
     for (int u = 0; u < kRounds; ++u) {
-      if constexpr (kFp8) sc[u] *= ksc[u] * k2p56;
+      if constexpr (kFp8) sc[u] = sc[u] * ksc[u] * k2p56;  // no product of the two factors alone (2^183)
       mn = ok[u] ? fmaxf(mn, sc[u]) : mn;
     }
     const bool any = mn != -INFINITY;
@@ -351,7 +366,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_split_kernel(const 
     for (int u = 0; u < kRounds; ++u) {
       float p = ok[u] ? expf(sc[u] - mn) : 0.f;
       l += p;
-      if constexpr (kFp8) p *= vsc[u] * k2p64;
+      if constexpr (kFp8) p = p * vsc[u] * k2p64;  // p <= 1 first: vsc x 2^64 alone overflows from 2^64
       float vf[DL];
       vw[u].to_float(1.f, vf);
 #pragma unroll
@@ -507,6 +522,9 @@ size_t attention_work_floats(int B, int H, int hd, int C) {
 void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* work, __nv_bfloat16* out,
                     cudaStream_t s) {
   if (r.hd % 32 != 0) throw std::runtime_error("attention: head dim must be a multiple of 32");
+  // The tensor-core kernel copies each chunk's scale bytes as one 16-byte piece.
+  if (r.k8 && (reinterpret_cast<uintptr_t>(r.k_scale) % 16 != 0 || reinterpret_cast<uintptr_t>(r.v_scale) % 16 != 0))
+    throw std::runtime_error("attention: the fp8 cache's scales must start 16-byte aligned");
   const bool tc = attn_fp8::applies(r, g_attention_policy);
   const attn_fp8::Plan plan =
       tc ? attn_fp8::plan(B, r.H, r.C, g_attention_policy) : attn_fp8::Plan{0, false, attention_parts(B, r.H, r.C)};

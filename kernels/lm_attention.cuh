@@ -21,14 +21,17 @@ struct RingArgs {
   const int32_t* slot = nullptr;  // [B] cache slot of each batch row
   int C = 0, H = 0, hd = 0, context = 0;  // context 0 = unlimited
   // fp8 cache (--kv-fp8; the temporal transformer only): when k8 is set, keys and values live in
-  // k8 / v8 [slots, C, H * hd] (or [slots, H, C, hd] with fp8_by_head) as e4m3 with one fp32
-  // scale per (slot, position, head) in k_scale / v_scale [slots, H, C] (scale = max |row of the head| / 448, 1 for zeros; a head's
-  // scales are contiguous over the positions, so a warp's keys take one or two sectors of them), and
-  // k / v are unused. Needs hd / 2 to divide 256 (hd 32, 64 or 128).
+  // k8 / v8 [slots, C, H * hd] (or [slots, H, C, hd] with fp8_by_head) as e4m3 with one scale per
+  // (slot, position, head) in k_scale / v_scale [slots, H, fp8_scale_pitch(C)], and k / v are
+  // unused. A scale is a power of two held as its biased exponent in one byte (fp8_scale_value: the
+  // smallest 2^e that brings the head's largest magnitude to at most 448, so the codes are the
+  // values times an exact power of two; byte 127 for zeros). A head's scales are contiguous over
+  // the positions, so a warp's 16 keys take 16 bytes of each. Needs hd / 2 to divide 256 (hd 32,
+  // 64 or 128).
   __nv_fp8_e4m3* k8 = nullptr;
   __nv_fp8_e4m3* v8 = nullptr;
-  float* k_scale = nullptr;
-  float* v_scale = nullptr;
+  uint8_t* k_scale = nullptr;
+  uint8_t* v_scale = nullptr;
   // The fp8 cache laid out [slots, H, C, hd], a head's keys contiguous over the positions (a 16-key
   // chunk is 2 KiB in one piece), instead of [slots, C, H * hd]: CudaLm's layout as shipped since
   // v0.34 (attention_fp8_by_head). rope_append writes it and every attention kernel reads it.
@@ -37,6 +40,21 @@ struct RingArgs {
   // positions); nullptr: pos[slot[b]].
   const int32_t* row_pos = nullptr;
 };
+
+// The fp8 cache's scales per (slot, head): the ring's C positions padded to 16, so that every
+// 16-key chunk's 16 scale bytes are one aligned 16-byte piece.
+inline constexpr int fp8_scale_pitch(int C) { return (C + 15) / 16 * 16; }
+// A stored scale byte's value: 2^(byte - 127). rope_append writes bytes 1..254 only.
+__host__ __device__ inline float fp8_scale_value(uint8_t e) {
+#ifdef __CUDA_ARCH__
+  return __int_as_float(static_cast<int>(e) << 23);
+#else
+  const uint32_t bits = static_cast<uint32_t>(e) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
 
 // Temporal transformer: applies RoPE (fp32, interleaved pairs) to q and k of qkv [B, 3*H*hd],
 // writes the rotated q to q_out [B, H*hd] and appends rotated k and v at ring slot pos % C (in

@@ -35,22 +35,17 @@ using namespace attn_impl;
 //
 // Ranges: q enters as half scaled by a power of two (its largest magnitude at 2^13..2^14; bf16 ->
 // half is then exact), undone with the key scale in fp32. p enters as half: each key's value scale
-// is folded into its weight as a bias on the score, p_k = 2^(s_k + log2 vscale_k - m) with m the
-// running maximum of those biased scores, so every weight is at most 1 and the largest is 1; the
+// is folded into its weight as a bias on the score, p_k = 2^(s_k + log2 vscale_k - m) (log2 vscale_k
+// is its stored exponent, exact) with m the running maximum of those biased scores, so every weight
+// is at most 1 and the largest is 1; the
 // sum l = sum 2^(s_k - m) stays fp32 (below 2^100: the bias is clamped at -100, which overstates
 // only keys whose value scale is below 2^-100, values of at most 448 x 2^-100). Scores run in log2
 // units; m leaves in natural units.
 constexpr int kFp8Hd = 128;
-constexpr int kFp8StageBytes = 2 * 16 * kFp8Hd + 2 * 16 * 4 + 16;  // keys, values, scales, mask
+constexpr int kFp8StageBytes = 2 * 16 * kFp8Hd + 2 * 16 + 16;  // keys, values, scale bytes, mask
 template <int S>
 constexpr size_t fp8_attention_smem() {
   return static_cast<size_t>(S) * kAttnWarps * kFp8StageBytes;
-}
-// lg2.approx.ftz: log2 x (a subnormal x counts as 0: -inf, which the caller clamps).
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // ex2.approx.ftz: 2^x, subnormal results flushed to zero (a weight below 2^-126 adds nothing here).
@@ -63,7 +58,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // LEAN (shipped; v0.18's kernel without it stays as attention policy 4): fewer instructions a chunk. The p . v
 // accumulators keep all four registers of C (columns 1..7 stay zero) instead of two rebuilt per
 // MMA; they and l are rescaled only when the running maximum grows (uniform over the warp); 2^x
-// is ex2.approx.ftz and log2 lg2.approx.ftz; E % C and the stage index are not recomputed per
+// is ex2.approx.ftz; E % C and the stage index are not recomputed per
 // chunk; the copies take 32-bit offsets from the chunk's first key; q . k runs as two
 // chains (dims 0..63 and 64..127) summed at the end.
 template <int S, bool LEAN = false>
@@ -129,9 +124,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
                                        : static_cast<int64_t>(slot) * r.C * D + h * HD;
   const uint8_t* kb = reinterpret_cast<const uint8_t*>(r.k8) + cache0;
   const uint8_t* vb = reinterpret_cast<const uint8_t*>(r.v8) + cache0;
-  // A head's scales are contiguous over the positions: a warp's 16 keys take 64 bytes of each.
-  const float* ksb = r.k_scale + (static_cast<int64_t>(slot) * r.H + h) * r.C;
-  const float* vsb = r.v_scale + (static_cast<int64_t>(slot) * r.H + h) * r.C;
+  // A head's scales are contiguous over the positions: a warp's 16 keys take one aligned 16-byte
+  // piece of each (fp8_scale_pitch).
+  const uint8_t* ksb = r.k_scale + (static_cast<int64_t>(slot) * r.H + h) * fp8_scale_pitch(r.C);
+  const uint8_t* vsb = r.v_scale + (static_cast<int64_t>(slot) * r.H + h) * fp8_scale_pitch(r.C);
   const int chunks = live_chunks(qpos, r.C);
   const int mine = part < chunks ? (chunks - part + parts - 1) / parts : 0;  // this block's chunks
   unsigned char* ring = fp8_smem + static_cast<size_t>(warp) * S * kFp8StageBytes;
@@ -169,12 +165,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
         cp_async16(st + 16 * HD + row * HD + ((col ^ (row & 6)) * 16), vb + src, ok);
       }
       }
-      const int row = lane & 15;
-      const bool ok = (vis >> row) & 1u;
-      const int64_t si = ok ? base + row : 0;
-      float* sc = reinterpret_cast<float*>(st + 32 * HD);
-      cp_async4(sc + (lane >> 4) * 16 + row, (lane < 16 ? ksb : vsb) + si, ok);
-      if (lane == 0) *reinterpret_cast<unsigned*>(st + 32 * HD + 128) = vis;
+      // Lanes 0 and 1: the chunk's 16 key and 16 value scale bytes (base is a multiple of 16, and
+      // below C when any key is visible, so the piece lies inside the padded row). The bytes of
+      // keys that are not visible are never read as scales of visible ones.
+      if (lane < 2) cp_async16(st + 32 * HD + 16 * lane, (lane == 0 ? ksb : vsb) + (vis ? base : 0), vis != 0);
+      if (lane == 0) *reinterpret_cast<unsigned*>(st + 32 * HD + 32) = vis;
     }
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
@@ -191,9 +186,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     __syncwarp();
     const unsigned char* st = ring + (LEAN ? cs : n % S) * kFp8StageBytes;
     if constexpr (LEAN) cs = cs == S - 1 ? 0 : cs + 1;
-    const float* ksc = reinterpret_cast<const float*>(st + 32 * HD);
-    const float* vsc = ksc + 16;
-    const unsigned vis = *reinterpret_cast<const unsigned*>(st + 32 * HD + 128);
+    const uint8_t* ksc = st + 32 * HD;
+    const uint8_t* vsc = ksc + 16;
+    const unsigned vis = *reinterpret_cast<const unsigned*>(st + 32 * HD + 32);
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     float c2[4] = {0.f, 0.f, 0.f, 0.f};  // LEAN: dims 64..127's chain
 #pragma unroll
@@ -220,8 +215,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
     float bs[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      s[u] = kok[u] ? s[u] * ksc[g + 8 * u] * qmul : -INFINITY;
-      const float lv = LEAN ? fast_log2(vsc[g + 8 * u]) : __log2f(vsc[g + 8 * u]);
+      s[u] = kok[u] ? s[u] * fp8_scale_value(ksc[g + 8 * u]) * qmul : -INFINITY;
+      const float lv = static_cast<float>(static_cast<int>(vsc[g + 8 * u]) - 127);  // log2 of the value scale, exact
       bs[u] = kok[u] ? s[u] + fmaxf(lv, -100.f) : -INFINITY;
     }
     float cm = fmaxf(bs[0], bs[1]);

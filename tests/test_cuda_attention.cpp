@@ -70,17 +70,19 @@ std::vector<double> ring_attention_reference(int C, int hd, int qp, int context,
 
 // The fp8 cache (--kv-fp8): rope_append into an fp8 ring and a bf16 ring from the same q/k/v rows
 // at every position of a short history, then ring attention over each. The fp8 entries must be
-// the bf16 ones within e4m3's rounding at a per-(position, head) scale of max / 448, and the
-// attention outputs within e4m3's relative error of each other.
+// the bf16 ones within e4m3's rounding at a per-(position, head) power-of-two scale, and each
+// cache's attention output its fp64 reference's within the bf16 output rounding.
 TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   SKIP_WITHOUT_GPU();
   const int H = 4, hd = 128, C = 300, D = H * hd, steps = 200;
   cuda::DeviceBuffer<__nv_bfloat16> k(static_cast<size_t>(C) * D), v(k.size()), qkv(3 * D), q(D), q8(D), out(D),
       out8(D);
   cuda::DeviceBuffer<__nv_fp8_e4m3> k8(k.size()), v8(k.size());
-  cuda::DeviceBuffer<float> ks(static_cast<size_t>(C) * H), vs(ks.size()), work(kern::attention_work_floats(1, H, hd, C));
+  const int SP = kern::fp8_scale_pitch(C);
+  cuda::DeviceBuffer<uint8_t> ks(static_cast<size_t>(SP) * H), vs(ks.size());
   ks.zero();  // positions never written are compared below too
   vs.zero();
+  cuda::DeviceBuffer<float> work(kern::attention_work_floats(1, H, hd, C));
   cuda::DeviceBuffer<int32_t> pos(1), slot(1);
   const int32_t zero = 0;
   slot.upload(&zero, 1);
@@ -94,7 +96,7 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   // The same fp8 cache laid out by head (RingArgs::fp8_by_head, shipped since v0.34): the same
   // codes and scales at other addresses, the same attention output bit for bit.
   cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(k.size()), v8h(k.size());
-  cuda::DeviceBuffer<float> ksh(ks.size()), vsh(ks.size());
+  cuda::DeviceBuffer<uint8_t> ksh(ks.size()), vsh(ks.size());
   ksh.zero();
   vsh.zero();
   cuda::DeviceBuffer<__nv_bfloat16> outh(D);
@@ -104,7 +106,13 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   rh.k_scale = ksh.get();
   rh.v_scale = vsh.get();
   rh.fp8_by_head = true;
-  double worst = 0;
+  // The attention outputs and queries of the checked positions, compared after the loop with fp64
+  // references over what the caches then hold (no position is overwritten: C > steps).
+  struct Check {
+    int t;
+    std::vector<__nv_bfloat16> q, q8, out, out8;
+  };
+  std::vector<Check> checks;
   for (int t = 0; t < steps; ++t) {
     pos.upload(&t, 1);
     kern::fill_random_bf16(qkv.get(), 3 * D, 100 + t, t % 7 == 0 ? 20.f : 1.f, 0.f, nullptr);
@@ -118,23 +126,17 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
       PPX_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<__nv_bfloat16> a = out.download(), b = out8.download(), bh = outh.download();
       ASSERT_EQ(0, std::memcmp(b.data(), bh.data(), D * sizeof(__nv_bfloat16))) << "by head, position " << t;
-      double num = 0, den = 0;
-      for (int i = 0; i < D; ++i) {
-        const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-        num += (x - y) * (x - y);
-        den += x * x;
-      }
-      worst = std::max(worst, std::sqrt(num / den));
+      checks.push_back({t, q.download(), q8.download(), a, b});
     }
   }
   PPX_CUDA_CHECK(cudaDeviceSynchronize());
   PPX_CUDA_CHECK(cudaGetLastError());
   const std::vector<__nv_bfloat16> hk = k.download(), hv = v.download();
   const std::vector<uint8_t> hk8 = codes(k8), hv8 = codes(v8);
-  const std::vector<float> hks = ks.download(), hvs = vs.download();
+  const std::vector<uint8_t> hks = ks.download(), hvs = vs.download();
   {
     const std::vector<uint8_t> hk8h = codes(k8h), hv8h = codes(v8h);
-    const std::vector<float> hksh = ksh.download(), hvsh = vsh.download();
+    const std::vector<uint8_t> hksh = ksh.download(), hvsh = vsh.download();
     EXPECT_EQ(hks, hksh);
     EXPECT_EQ(hvs, hvsh);
     for (int t = 0; t < steps; ++t)
@@ -154,10 +156,17 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
       for (int which = 0; which < 2; ++which) {
         const std::vector<__nv_bfloat16>& ref = which ? hv : hk;
         const std::vector<uint8_t>& q8h = which ? hv8 : hk8;
-        const float sc = (which ? hvs : hks)[static_cast<size_t>(h) * C + t];  // [slots, H, C]
+        // [slots, H, fp8_scale_pitch(C)]: the smallest power of two that brings the largest
+        // magnitude to at most 448 (so above 224), 1 for zeros.
+        const float sc = kern::fp8_scale_value((which ? hvs : hks)[static_cast<size_t>(h) * SP + t]);
         float mx = 0.f;
         for (int j = 0; j < hd; ++j) mx = std::max(mx, std::fabs(__bfloat162float(ref[static_cast<size_t>(t) * D + h * hd + j])));
-        ASSERT_FLOAT_EQ(sc, mx > 0.f ? mx / 448.f : 1.f) << "position " << t << " head " << h;
+        if (mx > 0.f) {
+          ASSERT_LE(mx / sc, 448.f) << "position " << t << " head " << h;
+          ASSERT_GT(mx / sc, 224.f) << "position " << t << " head " << h;
+        } else {
+          ASSERT_EQ(sc, 1.f) << "position " << t << " head " << h;
+        }
         for (int j = 0; j < hd; ++j) {
           const size_t i = static_cast<size_t>(t) * D + h * hd + j;
           const float want = __bfloat162float(ref[i]), got = fp8v(q8h[i]) * sc;
@@ -166,11 +175,55 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
       }
     }
   }
-  std::printf("fp8 KV cache: attention output vs the bf16 cache, worst rel L2 %.4f\n", worst);
-  // Measured 0.052 on an H200 (2026-12-03): random values average to a small output, so the
-  // entries' e4m3 rounding (~3.6% rms) shows at full size in the relative error. The entries
-  // themselves are checked exactly above; this guards the read path.
-  EXPECT_LE(worst, 8e-2);
+  // Each cache's attention against an fp64 reference over its own contents (the kernels' own error:
+  // bf16 output rounding), and the quantization's effect (fp64 over the fp8 contents against fp64
+  // over the bf16 ones), which is reported, not bounded: random q, k and v average to a small
+  // output whose relative error is heavy-tailed (the same data with other seeds: 0.03 to 0.65 under
+  // either scale scheme, from the few keys that dominate rows of 20x scores). The entries' rounding
+  // is bounded above; the model-level effect is docs/QUALITY.md's (personaplex-bench-quality).
+  auto rel = [](const std::vector<double>& ref, const std::function<double(int)>& got) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num += (got(static_cast<int>(i)) - ref[i]) * (got(static_cast<int>(i)) - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / den);
+  };
+  double worst_bf16 = 0, worst_fp8 = 0, worst_quant = 0, worst_gpu = 0;
+  for (const Check& c : checks) {
+    std::vector<double> refb(D), ref8(D);
+    for (int h = 0; h < H; ++h) {
+      const int o = h * hd;
+      auto bf = [](const std::vector<__nv_bfloat16>& x, size_t i) { return static_cast<double>(__bfloat162float(x[i])); };
+      const std::vector<double> rb_h = ring_attention_reference(
+          C, hd, c.t, 0, [&](int j) { return bf(c.q, o + j); },
+          [&](int idx, int j) { return bf(hk, static_cast<size_t>(idx) * D + o + j); },
+          [&](int idx, int j) { return bf(hv, static_cast<size_t>(idx) * D + o + j); });
+      const std::vector<double> r8_h = ring_attention_reference(
+          C, hd, c.t, 0, [&](int j) { return bf(c.q8, o + j); },
+          [&](int idx, int j) {
+            return fp8v(hk8[static_cast<size_t>(idx) * D + o + j]) * static_cast<double>(kern::fp8_scale_value(hks[static_cast<size_t>(h) * SP + idx]));
+          },
+          [&](int idx, int j) {
+            return fp8v(hv8[static_cast<size_t>(idx) * D + o + j]) * static_cast<double>(kern::fp8_scale_value(hvs[static_cast<size_t>(h) * SP + idx]));
+          });
+      std::copy(rb_h.begin(), rb_h.end(), refb.begin() + o);
+      std::copy(r8_h.begin(), r8_h.end(), ref8.begin() + o);
+    }
+    const double eb = rel(refb, [&](int i) { return static_cast<double>(__bfloat162float(c.out[i])); });
+    const double e8 = rel(ref8, [&](int i) { return static_cast<double>(__bfloat162float(c.out8[i])); });
+    EXPECT_LE(eb, 5e-3) << "bf16 cache, position " << c.t;
+    EXPECT_LE(e8, 5e-3) << "fp8 cache, position " << c.t;
+    worst_bf16 = std::max(worst_bf16, eb);
+    worst_fp8 = std::max(worst_fp8, e8);
+    worst_quant = std::max(worst_quant, rel(refb, [&](int i) { return ref8[i]; }));
+    std::vector<double> gb(D);
+    for (int i = 0; i < D; ++i) gb[i] = __bfloat162float(c.out[i]);
+    worst_gpu = std::max(worst_gpu, rel(gb, [&](int i) { return static_cast<double>(__bfloat162float(c.out8[i])); }));
+  }
+  std::printf("fp8 KV cache: kernels vs fp64 over their cache, worst rel L2 bf16 %.5f fp8 %.5f; fp8 vs bf16 output "
+              "%.4f (fp64: %.4f)\n",
+              worst_bf16, worst_fp8, worst_gpu, worst_quant);
 }
 
 // The temporal ring attention against a plain fp32 reference of upstream's visibility rule, with
@@ -248,10 +301,15 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
         x = static_cast<uint8_t>(rng() & 0xff);
         if ((x & 0x7f) == 0x7f) x &= 0xfe;  // no NaN codes (rope_append never writes them)
       }
-    std::vector<float> hks(static_cast<size_t>(2) * C * H), hvs(hks.size());
-    std::uniform_real_distribution<float> ex(-30.f, 6.f), kex(-14.f, -4.f);
-    for (auto& x : hks) x = std::exp2(kex(rng));
-    for (auto& x : hvs) x = std::exp2(ex(rng));
+    // Scale bytes [slots, H, fp8_scale_pitch(C)]: 2^(byte - 127).
+    const int SP = kern::fp8_scale_pitch(C);
+    std::vector<uint8_t> hks(static_cast<size_t>(2) * SP * H), hvs(hks.size());
+    std::uniform_int_distribution<int> ex(127 - 30, 127 + 6), kex(127 - 14, 127 - 4);
+    for (auto& x : hks) x = static_cast<uint8_t>(kex(rng));
+    for (auto& x : hvs) x = static_cast<uint8_t>(ex(rng));
+    // The padding past C holds 255 (an infinite scale): read by the 16-byte copies, never used.
+    for (size_t row = 0; row < static_cast<size_t>(2) * H; ++row)
+      for (int i = C; i < SP; ++i) hks[row * SP + i] = hvs[row * SP + i] = 255;
     std::vector<__nv_bfloat16> hq(static_cast<size_t>(Bmax) * D);
     std::normal_distribution<float> nd(0.f, 1.f);
     for (int b = 0; b < Bmax; ++b) {
@@ -259,7 +317,8 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
       for (int i = 0; i < D; ++i) hq[static_cast<size_t>(b) * D + i] = __float2bfloat16(nd(rng) * mag);
     }
     cuda::DeviceBuffer<__nv_fp8_e4m3> k8(hk.size()), v8(hv.size());
-    cuda::DeviceBuffer<float> ks(hks.size()), vs(hvs.size()), work(kern::attention_work_floats(Bmax, H, hd, C));
+    cuda::DeviceBuffer<uint8_t> ks(hks.size()), vs(hvs.size());
+    cuda::DeviceBuffer<float> work(kern::attention_work_floats(Bmax, H, hd, C));
     cuda::DeviceBuffer<__nv_bfloat16> q(hq.size()), out(hq.size());
     PPX_CUDA_CHECK(cudaMemcpy(k8.get(), hk.data(), hk.size(), cudaMemcpyHostToDevice));
     PPX_CUDA_CHECK(cudaMemcpy(v8.get(), hv.data(), hv.size(), cudaMemcpyHostToDevice));
@@ -331,7 +390,7 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
                 const int s = slots[b], qp = per_row ? rp[b] : positions[s];
                 for (int h = 0; h < H; ++h) {
                   const size_t row0 = static_cast<size_t>(s) * C * D + h * hd;
-                  const size_t sc0 = (static_cast<size_t>(s) * H + h) * C;  // scales [slots, H, C]
+                  const size_t sc0 = (static_cast<size_t>(s) * H + h) * SP;  // [slots, H, fp8_scale_pitch(C)]
                   const std::vector<double> ref = ring_attention_reference(
                       C, hd, qp, context,
                       [&](int j) {
@@ -339,11 +398,11 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
                       },
                       [&](int idx, int j) {
                         const size_t i = static_cast<size_t>(idx);
-                        return fp8v(hk[row0 + i * D + j]) * hks[sc0 + i];
+                        return fp8v(hk[row0 + i * D + j]) * kern::fp8_scale_value(hks[sc0 + i]);
                       },
                       [&](int idx, int j) {
                         const size_t i = static_cast<size_t>(idx);
-                        return fp8v(hv[row0 + i * D + j]) * hvs[sc0 + i];
+                        return fp8v(hv[row0 + i * D + j]) * kern::fp8_scale_value(hvs[sc0 + i]);
                       });
                   double num = 0, den = 0;
                   for (int j = 0; j < hd; ++j) {

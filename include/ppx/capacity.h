@@ -15,12 +15,12 @@ namespace ppx {
 
 enum class KvDtype {
   kBf16,  // the CUDA default: 2 bytes a value
-  kFp8,   // --kv-fp8: 1 byte a value plus one fp32 scale per (position, head) for keys and values
+  kFp8,   // --kv-fp8: 1 byte a value plus one scale byte per (position, head) for keys and values
 };
 
 // Device bytes of one LM session slot as CudaLmBatch allocates it: the temporal transformer's
 // keys and values over the whole context (layers x context x dim each, in `kv`; with fp8 also
-// layers x context x heads fp32 scales each) and the depformer's per-frame ring (bf16, depformer
+// layers x heads x context scale bytes each, a head's context padded to 16) and the depformer's per-frame ring (bf16, depformer
 // layers x dep_q x depformer dim, keys and values).
 size_t lm_slot_bytes(const LmConfig& c, KvDtype kv);
 
@@ -47,8 +47,8 @@ inline constexpr double kKvStreamEfficiency = 0.7;
 // with every context full, 160 `--fast --kv-fp8` sessions held real time for two minutes with the
 // GPU busy ~99% of the time (2.67 steps of ~60 rows a frame; memory holds no more), and 80 bf16-KV
 // sessions (v0.24; memory holds 82). At the copy rate the server measured there (3.74 TB/s) and
-// its 8.7 GB of weights, 0.12 ms makes the model allow 158 fp8 sessions and 94 bf16 ones, so memory
-// binds both there. (0.25 from v0.24, before the wgmma GEMM, when 136 fp8 sessions held and 148
+// its 8.7 GB of weights, 0.12 ms made the model allow 158 fp8 sessions (161 since v0.35's one-byte
+// scales, not measured) and 94 bf16 ones, so memory binds both there. (0.25 from v0.24, before the wgmma GEMM, when 136 fp8 sessions held and 148
 // did not quite; 0.38 from v0.20; 0.6 before, on v0.15's per-session codec graphs.)
 inline constexpr double kSessionFixedMs = 0.12;
 

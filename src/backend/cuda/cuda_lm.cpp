@@ -403,9 +403,13 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
   if (lm.kv_fp8()) {
     k8_cache_.resize(kv);
     v8_cache_.resize(kv);
-    const size_t sc = static_cast<size_t>(c.num_layers) * c.context * c.num_heads;
+    const size_t sc = static_cast<size_t>(c.num_layers) * kern::fp8_scale_pitch(c.context) * c.num_heads;
     k_scale_.resize(sc);
     v_scale_.resize(sc);
+    // The padding past C is read (never used) by the attention's 16-byte copies; on the stream the
+    // steps run on (a non-blocking one: the default stream would not order the two).
+    k_scale_.zero(stream_);
+    v_scale_.zero(stream_);
   } else {
     k_cache_.resize(kv);
     v_cache_.resize(kv);
@@ -636,7 +640,7 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
   io.k_scale = k_scale_.get();
   io.v_scale = v_scale_.get();
   io.layer_kv = static_cast<size_t>(c.context) * D;
-  io.layer_sc = static_cast<size_t>(c.context) * c.num_heads;
+  io.layer_sc = static_cast<size_t>(kern::fp8_scale_pitch(c.context)) * c.num_heads;
   io.x = x_.get();
   io.qkv = qkv_.get();
   io.q = q_.get();

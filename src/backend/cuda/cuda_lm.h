@@ -62,7 +62,7 @@ struct CudaLmOptions {
   // accurate and ~4% slower per frame (docs/QUALITY.md, docs/PERF.md v0.10).
   bool w8_int8 = true;
   // kv_fp8: every stepper keeps the temporal transformer's keys and values in fp8 e4m3 with one
-  // fp32 scale per (position, head) (kern::RingArgs::k8), half the bytes of the bf16 cache; the
+  // scale byte per (position, head) (kern::RingArgs::k8), half the bytes of the bf16 cache; the
   // depformer's per-frame ring stays bf16. From ppx::CudaOptions::kv_fp8 (--kv-fp8).
   bool kv_fp8 = false;
 };
@@ -188,11 +188,11 @@ struct TemporalIo {
   const int32_t* slot = nullptr;     // [B]
   const int32_t* row_pos = nullptr;  // [B] or nullptr: rows at their own positions (kern::RingArgs)
   // KV caches [layers, slots, context, dim]: bf16 k / v, or (--kv-fp8) k8 / v8 (by head, with
-  // CudaLm::kv_fp8_by_head: [layers, slots, heads, context, head dim]) with per-head scales
-  // [layers, slots, heads, context]; the layer strides in elements.
+  // CudaLm::kv_fp8_by_head: [layers, slots, heads, context, head dim]) with per-head scale bytes
+  // [layers, slots, heads, kern::fp8_scale_pitch(context)]; the layer strides in elements.
   __nv_bfloat16 *k = nullptr, *v = nullptr;
   __nv_fp8_e4m3 *k8 = nullptr, *v8 = nullptr;
-  float *k_scale = nullptr, *v_scale = nullptr;
+  uint8_t *k_scale = nullptr, *v_scale = nullptr;
   size_t layer_kv = 0, layer_sc = 0;
   // Scratch: x [B, dim] (the residual stream, the output), qkv [B, 3 dim], q, att [B, dim],
   // gu [B, 2 ffn], work (kern::attention_work_floats), gemm as in DepformerIo.
@@ -277,7 +277,7 @@ class CudaLmStepper : public LmStepper {
   // Per-session device state, batch B = 1 in slot 0.
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;  // k/v_cache_ empty with kv_fp8
   DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D] (or by head)
-  DeviceBuffer<float> k_scale_, v_scale_;                                  // with kv_fp8: [layers, heads, C]
+  DeviceBuffer<uint8_t> k_scale_, v_scale_;  // with kv_fp8: [layers, heads, fp8_scale_pitch(C)]
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
   // req_ = tokens [K] | force [1 + S] | target [K] | use_ext [1]  (the uploaded request)

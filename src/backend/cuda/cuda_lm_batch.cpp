@@ -39,7 +39,10 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
     // The KV caches dominate: say how much they need before allocating (a failed cudaMalloc names no
     // flag). What capacity keeps back (2% and 1 GiB) stays for the row buffers, graphs and cuBLAS's
     // workspace (the codec is already made; the prompt cache's store, made after, checks itself).
-    const double need = static_cast<double>(kv) * 2 * (lm.kv_fp8() ? 1.0 + 4.0 * c.num_heads / D : 2.0);
+    // fp8: a byte a value and a scale byte per (layer, slot, head, position padded to 16).
+    const double scales = static_cast<double>(c.num_layers) * static_cast<double>(all) * c.num_heads *
+                          kern::fp8_scale_pitch(c.context);
+    const double need = lm.kv_fp8() ? 2.0 * (static_cast<double>(kv) + scales) : 4.0 * static_cast<double>(kv);
     size_t free_b = 0, total_b = 0;
     PPX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (need > (1 - kMemoryHeadroom) * static_cast<double>(free_b) - kMemoryReserveBytes)
@@ -51,9 +54,13 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   if (lm.kv_fp8()) {
     k8_cache_.resize(kv);
     v8_cache_.resize(kv);
-    const size_t sc = static_cast<size_t>(c.num_layers) * all * c.context * c.num_heads;
+    const size_t sc = static_cast<size_t>(c.num_layers) * all * kern::fp8_scale_pitch(c.context) * c.num_heads;
     k_scale_.resize(sc);
     v_scale_.resize(sc);
+    // The padding past C is read (never used) by the attention's 16-byte copies; on the stream the
+    // steps run on (a non-blocking one: the default stream would not order the two).
+    k_scale_.zero(stream_);
+    v_scale_.zero(stream_);
   } else {
     k_cache_.resize(kv);
     v_cache_.resize(kv);
@@ -164,7 +171,7 @@ void CudaLmBatch::set_slot_position(int slot, int32_t pos, uint64_t counter) {
 
 size_t CudaLmBatch::prefix_bytes(int positions) const {
   const LmConfig& c = lm_.config();
-  const size_t per = lm_.kv_fp8() ? static_cast<size_t>(c.dim) + sizeof(float) * c.num_heads
+  const size_t per = lm_.kv_fp8() ? static_cast<size_t>(c.dim) + c.num_heads  // codes, one scale byte a head
                                   : sizeof(bf16) * static_cast<size_t>(c.dim);
   return static_cast<size_t>(positions) * c.num_layers * 2 * per;
 }
@@ -196,12 +203,13 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
       PPX_CUDA_CHECK(cudaMemcpyAsync(to_store ? dst : layer, to_store ? layer : dst, width, cudaMemcpyDeviceToDevice, stream_));
     }
   };
-  // A tensor laid out by head [layer][slot][head][context][e] with `e` bytes per (head, position):
-  // per layer, H rows of P x e bytes (pitch C x e). The fp8 cache's scales (e = sizeof(float)) and,
-  // laid out by head (kern::RingArgs::fp8_by_head), its codes (e = hd).
-  auto per_head = [&](void* base, size_t e) {
-    const size_t H = static_cast<size_t>(c.num_heads), C = static_cast<size_t>(c.context);
-    const size_t width = P * e, pitch = C * e;
+  // A tensor laid out by head [layer][slot][head][n][e] with `e` bytes per (head, position) and n
+  // >= C positions a head: per layer, H rows of P x e bytes (pitch n x e). The fp8 cache's scale
+  // bytes (e = 1, n = kern::fp8_scale_pitch(C)) and, laid out by head (kern::RingArgs::fp8_by_head),
+  // its codes (e = hd, n = C).
+  auto per_head = [&](void* base, size_t e, size_t n) {
+    const size_t H = static_cast<size_t>(c.num_heads);
+    const size_t width = P * e, pitch = n * e;
     for (size_t l = 0; l < L; ++l, dst += H * width) {
       uint8_t* layer = static_cast<uint8_t*>(base) + (l * all + static_cast<size_t>(slot)) * H * pitch;
       if (to_store)
@@ -214,14 +222,14 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
   if (lm_.kv_fp8()) {
     if (lm_.kv_fp8_by_head()) {
       const size_t hd = static_cast<size_t>(c.dim / c.num_heads);
-      per_head(k8_cache_.get(), hd);
-      per_head(v8_cache_.get(), hd);
+      per_head(k8_cache_.get(), hd, c.context);
+      per_head(v8_cache_.get(), hd, c.context);
     } else {
       tensor(k8_cache_.get(), D, 1);
       tensor(v8_cache_.get(), D, 1);
     }
-    per_head(k_scale_.get(), sizeof(float));
-    per_head(v_scale_.get(), sizeof(float));
+    per_head(k_scale_.get(), 1, kern::fp8_scale_pitch(c.context));
+    per_head(v_scale_.get(), 1, kern::fp8_scale_pitch(c.context));
   } else {
     tensor(k_cache_.get(), D, sizeof(bf16));
     tensor(v_cache_.get(), D, sizeof(bf16));
@@ -347,7 +355,7 @@ TemporalIo CudaLmBatch::temporal_io(int B) {
   t.k_scale = k_scale_.get();
   t.v_scale = v_scale_.get();
   t.layer_kv = all * c.context * c.dim;
-  t.layer_sc = all * c.context * c.num_heads;
+  t.layer_sc = all * kern::fp8_scale_pitch(c.context) * c.num_heads;
   t.x = x_.get();
   t.qkv = qkv_.get();
   t.q = q_.get();

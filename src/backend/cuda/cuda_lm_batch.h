@@ -57,7 +57,7 @@ class CudaLmBatch : public LmBatch {
   void prefill(int slot, const StepRequest* reqs, int n) override;
   int prefill_rows() const override { return rows_; }
   // The prompt cache's store: device memory; a prefix is its keys layer by layer, then its values
-  // (bf16; or fp8 keys, fp8 values, then their fp32 scales), one device copy per layer and tensor,
+  // (bf16; or fp8 keys, fp8 values, then their scale bytes), one device copy per layer and tensor,
   // queued on the batch's stream behind the slot's steps.
   size_t prefix_bytes(int positions) const override;
   void reserve_prefix_store(size_t bytes) override;
@@ -91,7 +91,7 @@ class CudaLmBatch : public LmBatch {
   // Per-slot state, slots_ + 1 slots (the last is the scratch slot of padding rows).
   DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;
   DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;
-  DeviceBuffer<float> k_scale_, v_scale_;
+  DeviceBuffer<uint8_t> k_scale_, v_scale_;
   DeviceBuffer<int32_t> pos_, top_k_text_, top_k_audio_;
   DeviceBuffer<uint64_t> counter_, seed_;
   DeviceBuffer<float> temp_text_, temp_audio_;
