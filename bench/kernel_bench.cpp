@@ -387,13 +387,8 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<i
       pos.upload(p.data(), Bmax, s);
       PPX_CUDA_CHECK(cudaStreamSynchronize(s));
       kern::RingArgs r{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, /*context=*/C};
-      kern::RingArgs r8 = r;
-      r8.k = r8.v = nullptr;
-      r8.k8 = k8.get();
-      r8.v8 = v8.get();
-      r8.k_scale = ks.get();
-      r8.v_scale = vs.get();
-      r8.fp8_by_head = kern::attention_fp8_by_head();  // as CudaLm lays it out
+      // as CudaLm lays it out
+      kern::RingArgs r8 = r.over_fp8(k8.get(), v8.get(), ks.get(), vs.get(), kern::attention_fp8_by_head());
       const double b16 = 2.0 * B * n * D * 2, b8 = 2.0 * B * n * (D + 1.0 * H);
       // Policy 2: the fp8 cache through the scalar kernel (before v0.18); 4: v0.18's tensor-core
       // kernel; 3 and 5: the lean tensor-core kernel with 3 and 4 stages; 0: shipped (the lean kernel,

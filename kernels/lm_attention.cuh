@@ -39,6 +39,19 @@ struct RingArgs {
   // [B] or nullptr: each row's own position (prompt prefill: rows of one slot at consecutive
   // positions); nullptr: pos[slot[b]].
   const int32_t* row_pos = nullptr;
+
+  // This ring over an fp8 cache: k and v cleared, the codes, scales and layout set.
+  RingArgs over_fp8(__nv_fp8_e4m3* k8_codes, __nv_fp8_e4m3* v8_codes, uint8_t* k_scales, uint8_t* v_scales,
+                    bool by_head) const {
+    RingArgs r = *this;
+    r.k = r.v = nullptr;
+    r.k8 = k8_codes;
+    r.v8 = v8_codes;
+    r.k_scale = k_scales;
+    r.v_scale = v_scales;
+    r.fp8_by_head = by_head;
+    return r;
+  }
 };
 
 // The fp8 cache's scales per (slot, head): the ring's C positions padded to 16, so that every

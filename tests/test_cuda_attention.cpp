@@ -87,12 +87,7 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   const int32_t zero = 0;
   slot.upload(&zero, 1);
   kern::RingArgs rb{k.get(), v.get(), pos.get(), slot.get(), C, H, hd, 0};
-  kern::RingArgs r8 = rb;
-  r8.k = r8.v = nullptr;
-  r8.k8 = k8.get();
-  r8.v8 = v8.get();
-  r8.k_scale = ks.get();
-  r8.v_scale = vs.get();
+  const kern::RingArgs r8 = rb.over_fp8(k8.get(), v8.get(), ks.get(), vs.get(), false);
   // The same fp8 cache laid out by head (RingArgs::fp8_by_head, shipped since v0.34): the same
   // codes and scales at other addresses, the same attention output bit for bit.
   cuda::DeviceBuffer<__nv_fp8_e4m3> k8h(k.size()), v8h(k.size());
@@ -100,12 +95,7 @@ TEST(CudaLmAttention, Fp8CacheMatchesBf16Cache) {
   ksh.zero();
   vsh.zero();
   cuda::DeviceBuffer<__nv_bfloat16> outh(D);
-  kern::RingArgs rh = r8;
-  rh.k8 = k8h.get();
-  rh.v8 = v8h.get();
-  rh.k_scale = ksh.get();
-  rh.v_scale = vsh.get();
-  rh.fp8_by_head = true;
+  const kern::RingArgs rh = rb.over_fp8(k8h.get(), v8h.get(), ksh.get(), vsh.get(), true);
   // The attention outputs and queries of the checked positions, compared after the loop with fp64
   // references over what the caches then hold (no position is overwritten: C > steps).
   struct Check {
@@ -364,21 +354,15 @@ TEST(CudaLmAttention, Fp8RingAttentionMatchesReference) {
               std::vector<int32_t> rp(Bmax);
               for (int b = 0; b < Bmax; ++b) rp[b] = std::max(0, p - 3 * b);
               row_pos.upload(rp.data(), Bmax);
-              kern::RingArgs r{nullptr, nullptr, pos.get(), slot.get(), C, H, hd, context};
-              r.k8 = k8.get();
-              r.v8 = v8.get();
-              r.k_scale = ks.get();
-              r.v_scale = vs.get();
+              kern::RingArgs r = kern::RingArgs{nullptr, nullptr, pos.get(), slot.get(), C, H, hd, context}.over_fp8(
+                  k8.get(), v8.get(), ks.get(), vs.get(), false);
               if (per_row) r.row_pos = row_pos.get();
               kern::ring_attention(q.get(), r, B, work.get(), out.get(), nullptr);
               PPX_CUDA_CHECK(cudaDeviceSynchronize());
               const std::vector<__nv_bfloat16> got = out.download();
               {
                 // The by-head layout (shipped since v0.34): the same sums in the same order.
-                kern::RingArgs rh = r;
-                rh.k8 = k8h.get();
-                rh.v8 = v8h.get();
-                rh.fp8_by_head = true;
+                const kern::RingArgs rh = r.over_fp8(k8h.get(), v8h.get(), ks.get(), vs.get(), true);
                 kern::ring_attention(q.get(), rh, B, work.get(), out.get(), nullptr);
                 PPX_CUDA_CHECK(cudaDeviceSynchronize());
                 const std::vector<__nv_bfloat16> goth = out.download();

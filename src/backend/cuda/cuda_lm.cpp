@@ -583,11 +583,8 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLm::Temporal& L = lm.layers[l];
     if (lm.kv_fp8()) {
-      ring.fp8_by_head = lm.kv_fp8_by_head();
-      ring.k8 = io.k8 + l * io.layer_kv;
-      ring.v8 = io.v8 + l * io.layer_kv;
-      ring.k_scale = io.k_scale + l * io.layer_sc;
-      ring.v_scale = io.v_scale + l * io.layer_sc;
+      ring = ring.over_fp8(io.k8 + l * io.layer_kv, io.v8 + l * io.layer_kv, io.k_scale + l * io.layer_sc,
+                           io.v_scale + l * io.layer_sc, lm.kv_fp8_by_head());
     } else {
       ring.k = io.k + l * io.layer_kv;
       ring.v = io.v + l * io.layer_kv;
