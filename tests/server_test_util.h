@@ -45,8 +45,9 @@ constexpr int kFrame = 1920;
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
-inline std::string http_get(uint16_t port, const std::string& target, int* status = nullptr,
-                            const Headers& headers = {}) {
+// The whole answer (status, headers, body) to a GET of `target` with `headers`.
+inline http::response<http::string_body> http_request(uint16_t port, const std::string& target,
+                                                      const Headers& headers = {}) {
   net::io_context ioc;
   tcp::socket s(ioc);
   s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
@@ -57,20 +58,35 @@ inline std::string http_get(uint16_t port, const std::string& target, int* statu
   beast::flat_buffer b;
   http::response<http::string_body> res;
   http::read(s, b, res);
+  return res;
+}
+
+inline std::string http_get(uint16_t port, const std::string& target, int* status = nullptr,
+                            const Headers& headers = {}) {
+  http::response<http::string_body> res = http_request(port, target, headers);
   if (status) *status = static_cast<int>(res.result_int());
   return res.body();
 }
 
-// The HTTP status answering a WebSocket upgrade request for `target` (101 when accepted; the
+// The whole answer to a WebSocket upgrade request for `target` (status 101 when accepted; the
 // connection is then dropped).
-inline int upgrade_status(uint16_t port, const std::string& target, Headers headers = {}) {
+inline http::response<http::string_body> upgrade_response(uint16_t port, const std::string& target,
+                                                          Headers headers = {}) {
   headers.insert(headers.end(), {{"Connection", "Upgrade"},
                                  {"Upgrade", "websocket"},
                                  {"Sec-WebSocket-Version", "13"},
                                  {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}});
-  int status = 0;
-  http_get(port, target, &status, headers);
-  return status;
+  return http_request(port, target, headers);
+}
+
+inline int upgrade_status(uint16_t port, const std::string& target, Headers headers = {}) {
+  return static_cast<int>(upgrade_response(port, target, std::move(headers)).result_int());
+}
+
+// One series' value in a /metrics text (Prometheus exposition), -1 when it is absent.
+inline double metric(const std::string& metrics, const std::string& series) {
+  const size_t at = metrics.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 2));
 }
 
 // Polls /health until every slot is free (true) or `limit` passes (false).

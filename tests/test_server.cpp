@@ -10,29 +10,6 @@ namespace {
 
 using namespace ppx::server_test;
 
-double metric(const std::string& metrics, const std::string& series) {
-  const size_t at = metrics.find("\n" + series + " ");
-  return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 2));
-}
-
-// The whole answer (status, headers, body) to a WebSocket upgrade request for `target`.
-http::response<http::string_body> upgrade_response(uint16_t port, const std::string& target) {
-  net::io_context ioc;
-  tcp::socket s(ioc);
-  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::connection, "Upgrade");
-  req.set(http::field::upgrade, "websocket");
-  req.set(http::field::sec_websocket_version, "13");
-  req.set(http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
-  http::write(s, req);
-  beast::flat_buffer b;
-  http::response<http::string_body> res;
-  http::read(s, b, res);
-  return res;
-}
-
 TEST_F(ServerTest, HealthAndVoices) {
   int status = 0;
   const auto h = nlohmann::json::parse(http_get(port_, "/health", &status));
@@ -116,10 +93,7 @@ TEST_F(ServerTest, ConversationOverWebSocket) {
   int status = 0;
   const std::string metrics = http_get(port_, "/metrics", &status);
   EXPECT_EQ(status, 200);
-  const auto value = [&](const std::string& name) {
-    const size_t at = metrics.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + name.size() + 2));
-  };
+  const auto value = [&](const std::string& name) { return metric(metrics, name); };
   EXPECT_GE(value("personaplex_frames_total"), frames);
   EXPECT_GE(value("personaplex_sessions_started_total"), 1.0);  // expect_healthy() opens one too
   EXPECT_EQ(value("personaplex_sessions_in_use"), 0.0);

@@ -17,34 +17,11 @@ namespace {
 using namespace ppx::server_test;
 using Clock = std::chrono::steady_clock;
 
-double metric(const std::string& metrics, const std::string& series) {
-  const size_t at = metrics.find("\n" + series + " ");
-  return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 2));
-}
-
 double process_cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
-
-// The whole answer (status, headers, body) to a WebSocket upgrade request for `target`.
-http::response<http::string_body> upgrade_response(uint16_t port, const std::string& target) {
-  net::io_context ioc;
-  tcp::socket s(ioc);
-  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::connection, "Upgrade");
-  req.set(http::field::upgrade, "websocket");
-  req.set(http::field::sec_websocket_version, "13");
-  req.set(http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
-  http::write(s, req);
-  beast::flat_buffer b;
-  http::response<http::string_body> res;
-  http::read(s, b, res);
-  return res;
 }
 
 std::string long_prompt() {
