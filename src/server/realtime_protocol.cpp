@@ -326,25 +326,22 @@ void RealtimeProtocol::open_response() {
   ev["output_index"] = 0;
   ev["item"] = item;
   emit(ev);
-  ev = event("response.content_part.added");
-  ev["response_id"] = response_id_;
-  ev["item_id"] = item_id_;
-  ev["output_index"] = 0;
-  ev["content_index"] = 0;
+  ev = part_event("response.content_part.added");
   ev["part"] = realtime::audio_part("", beta_);
   emit(ev);
 }
 
+RealtimeProtocol::Json RealtimeProtocol::part_event(const char* type) {
+  Json ev = event(type);
+  ev["response_id"] = response_id_;
+  ev["item_id"] = item_id_;
+  ev["output_index"] = 0;
+  ev["content_index"] = 0;
+  return ev;
+}
+
 void RealtimeProtocol::close_response(bool cancelled) {
   const auto& names = realtime::event_names(beta_);
-  auto part_event = [&](const char* type) {
-    Json ev = event(type);
-    ev["response_id"] = response_id_;
-    ev["item_id"] = item_id_;
-    ev["output_index"] = 0;
-    ev["content_index"] = 0;
-    return ev;
-  };
   emit(part_event(names.audio_done));
   Json ev = part_event(names.transcript_done);
   ev["transcript"] = transcript_;
@@ -394,19 +391,11 @@ void RealtimeProtocol::on_frame(const std::vector<float>& pcm, int64_t text_toke
     bytes[2 * i + 1] = static_cast<uint8_t>(static_cast<uint16_t>(v) >> 8);
   }
   const auto& names = realtime::event_names(beta_);
-  auto delta_event = [&](const char* type) {
-    Json ev = event(type);
-    ev["response_id"] = response_id_;
-    ev["item_id"] = item_id_;
-    ev["output_index"] = 0;
-    ev["content_index"] = 0;
-    return ev;
-  };
-  Json ev = delta_event(names.audio_delta);
+  Json ev = part_event(names.audio_delta);
   ev["delta"] = realtime::base64_encode(bytes.data(), bytes.size());
   emit(ev);
   if (!text.empty()) {
-    ev = delta_event(names.transcript_delta);
+    ev = part_event(names.transcript_delta);
     ev["delta"] = text;
     emit(ev);
     transcript_ += text;

@@ -65,6 +65,9 @@ class RealtimeProtocol final : public Protocol {
  private:
   using Json = realtime::Json;
   Json event(const char* type);  // {type, event_id}
+  // event() of the open response's one audio part: its response and item ids, output and content
+  // index 0 (the part's added / done and every delta).
+  Json part_event(const char* type);
   void emit(const Json& ev);
   // Strand side. One error event; false once the invalid-event limit ends the session. An error
   // that is an answer (`counts` false: retrieve of an unknown item) is not counted.
