@@ -18,10 +18,20 @@ enum class KvDtype {
   kFp8,   // --kv-fp8: 1 byte a value plus one scale byte per (position, head) for keys and values
 };
 
+// Positions a head's row of fp8 scale bytes takes: the context padded to 16 (the attention reads
+// a warp's 16 scales as one 16-byte copy). Equal to kern::fp8_scale_pitch, which the CUDA code
+// checks at compile time (the engine does not include kernel headers).
+inline constexpr size_t kv_fp8_scale_pitch(int context) { return (static_cast<size_t>(context) + 15) / 16 * 16; }
+
+// Device bytes of the temporal transformer's KV cache for `slots` slots, as cuda::TemporalKv
+// allocates it: keys and values of [layers, slots, context, dim] in `kv` (bf16: 2 bytes a value;
+// fp8: 1), with fp8 also a scale byte per (layer, slot, head, position), each head's row padded to
+// kv_fp8_scale_pitch.
+size_t temporal_kv_bytes(const LmConfig& c, size_t slots, KvDtype kv);
+
 // Device bytes of one LM session slot as CudaLmBatch allocates it: the temporal transformer's
-// keys and values over the whole context (layers x context x dim each, in `kv`; with fp8 also
-// layers x heads x context scale bytes each, a head's context padded to 16) and the depformer's per-frame ring (bf16, depformer
-// layers x dep_q x depformer dim, keys and values).
+// keys and values over the whole context (temporal_kv_bytes of one slot) and the depformer's
+// per-frame ring (bf16, depformer layers x dep_q x depformer dim, keys and values).
 size_t lm_slot_bytes(const LmConfig& c, KvDtype kv);
 
 // Bytes one batch step reads from one session's slot at full context: every position's keys and

@@ -8,20 +8,18 @@
 
 namespace ppx {
 
+size_t temporal_kv_bytes(const LmConfig& c, size_t slots, KvDtype kv) {
+  const size_t rows = static_cast<size_t>(c.num_layers) * slots;  // (layer, slot) pairs
+  const size_t values = rows * static_cast<size_t>(c.context) * static_cast<size_t>(c.dim);
+  if (kv == KvDtype::kBf16) return 2 * values * 2;
+  return 2 * (values + rows * static_cast<size_t>(c.num_heads) * kv_fp8_scale_pitch(c.context));
+}
+
 size_t lm_slot_bytes(const LmConfig& c, KvDtype kv) {
-  // Mirrors CudaLmBatch's constructor: per slot, k and v caches of [layers, context, dim], in bf16
-  // or in fp8 with one scale byte per (layer, head, position), each head's row of positions padded
-  // to 16 (kern::fp8_scale_pitch); the depformer's bf16 k and v rings of [depformer layers, dep_q,
-  // depformer dim].
-  const size_t positions = static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.context);
-  const size_t values = positions * static_cast<size_t>(c.dim);
-  const size_t scale_row = (static_cast<size_t>(c.context) + 15) / 16 * 16;
-  size_t bytes = kv == KvDtype::kFp8
-                     ? 2 * values * 1 + 2 * static_cast<size_t>(c.num_layers) * static_cast<size_t>(c.num_heads) * scale_row
-                     : 2 * values * 2;
-  bytes += 2 * static_cast<size_t>(c.depformer_num_layers) * static_cast<size_t>(c.dep_q) *
-           static_cast<size_t>(c.depformer_dim) * 2;
-  return bytes;
+  // Mirrors CudaLmBatch's constructor: per slot, the temporal KV cache and the depformer's bf16 k
+  // and v rings of [depformer layers, dep_q, depformer dim].
+  return temporal_kv_bytes(c, 1, kv) + 2 * static_cast<size_t>(c.depformer_num_layers) *
+                                           static_cast<size_t>(c.dep_q) * static_cast<size_t>(c.depformer_dim) * 2;
 }
 
 size_t lm_slot_read_bytes(const LmConfig& c, KvDtype kv) { return lm_slot_bytes(c, kv); }

@@ -9,6 +9,7 @@
 #include "lm_attention.cuh"
 #include "lm_gemv.cuh"
 #include "lm_misc.cuh"
+#include "ppx/capacity.h"
 #include "lm_quant.cuh"
 #include "lm/lm_weights.h"
 #include "ppx/dtype.h"
@@ -399,21 +400,7 @@ CudaLmStepper::CudaLmStepper(const CudaLm& lm, const SamplingParams& sp, int dep
     for (auto& p : tail_ev_)
       for (auto& e : p) PPX_CUDA_CHECK(cudaEventCreate(&e));
   }
-  const size_t kv = static_cast<size_t>(c.num_layers) * c.context * D;
-  if (lm.kv_fp8()) {
-    k8_cache_.resize(kv);
-    v8_cache_.resize(kv);
-    const size_t sc = static_cast<size_t>(c.num_layers) * kern::fp8_scale_pitch(c.context) * c.num_heads;
-    k_scale_.resize(sc);
-    v_scale_.resize(sc);
-    // The padding past C is read (never used) by the attention's 16-byte copies; on the stream the
-    // steps run on (a non-blocking one: the default stream would not order the two).
-    k_scale_.zero(stream_);
-    v_scale_.zero(stream_);
-  } else {
-    k_cache_.resize(kv);
-    v_cache_.resize(kv);
-  }
+  kv_.allocate(c, 1, lm.kv_fp8(), stream_);
   const size_t dkv = static_cast<size_t>(c.depformer_num_layers) * S * DD;
   dk_cache_.resize(dkv);
   dv_cache_.resize(dkv);
@@ -558,6 +545,39 @@ void CudaLmStepper::enqueue_sample(const SampleIo& io, int stream_index, const f
   kern::sample_tokens(a, 1, s);
 }
 
+static_assert(kv_fp8_scale_pitch(3000) == 3008 && kern::fp8_scale_pitch(3000) == 3008 && kv_fp8_scale_pitch(17) == 32 &&
+                  kern::fp8_scale_pitch(17) == 32 && kv_fp8_scale_pitch(16) == 16 && kern::fp8_scale_pitch(16) == 16,
+              "the capacity model's scale pitch is the attention's");
+
+void TemporalKv::allocate(const LmConfig& c, size_t slots, bool fp8, cudaStream_t s) {
+  const size_t values = static_cast<size_t>(c.num_layers) * slots * c.context * c.dim;
+  if (fp8) {
+    k8.resize(values);
+    v8.resize(values);
+    const size_t sc = static_cast<size_t>(c.num_layers) * slots * c.num_heads * kern::fp8_scale_pitch(c.context);
+    k_scale.resize(sc);
+    v_scale.resize(sc);
+    // The padding past C is read (never used) by the attention's 16-byte copies; on the stream the
+    // steps run on (a non-blocking one: the default stream would not order the two).
+    k_scale.zero(s);
+    v_scale.zero(s);
+  } else {
+    k.resize(values);
+    v.resize(values);
+  }
+}
+
+void TemporalKv::bind(TemporalIo& io, const LmConfig& c, size_t slots) const {
+  io.k = k.get();
+  io.v = v.get();
+  io.k8 = k8.get();
+  io.v8 = v8.get();
+  io.k_scale = k_scale.get();
+  io.v_scale = v_scale.get();
+  io.layer_kv = slots * c.context * c.dim;
+  io.layer_sc = slots * c.num_heads * kern::fp8_scale_pitch(c.context);
+}
+
 void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
   const LmConfig& c = lm.config();
   const int D = c.dim, H = c.ffn_hidden(), K = c.n_q + 1, V = c.text_card, B = io.B;
@@ -616,7 +636,7 @@ void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s) {
 
 void CudaLmStepper::enqueue_main(cudaStream_t s) {
   const LmConfig& c = lm_.config();
-  const int D = c.dim, S = c.dep_q;
+  const int S = c.dep_q;
   const int K = c.n_q + 1, V = c.text_card;
   int32_t* tok = req_.get();
   int32_t* use_ext = tok + K + 1 + S + K;
@@ -630,14 +650,7 @@ void CudaLmStepper::enqueue_main(cudaStream_t s) {
   io.ext = ext_.get();
   io.pos = pos_.get();
   io.slot = slot_.get();
-  io.k = k_cache_.get();
-  io.v = v_cache_.get();
-  io.k8 = k8_cache_.get();
-  io.v8 = v8_cache_.get();
-  io.k_scale = k_scale_.get();
-  io.v_scale = v_scale_.get();
-  io.layer_kv = static_cast<size_t>(c.context) * D;
-  io.layer_sc = static_cast<size_t>(kern::fp8_scale_pitch(c.context)) * c.num_heads;
+  kv_.bind(io, c, 1);
   io.x = x_.get();
   io.qkv = qkv_.get();
   io.q = q_.get();

@@ -203,6 +203,20 @@ struct TemporalIo {
 };
 void enqueue_temporal(const CudaLm& lm, const TemporalIo& io, cudaStream_t s);
 
+// The temporal transformer's KV cache of `slots` slots in TemporalIo's layout: bf16 k / v, or with
+// --kv-fp8 the e4m3 codes k8 / v8 and the scale bytes (the others stay empty). Its size is
+// ppx::temporal_kv_bytes (the capacity model and CudaLmBatch's memory check use that).
+struct TemporalKv {
+  DeviceBuffer<__nv_bfloat16> k, v;
+  DeviceBuffer<__nv_fp8_e4m3> k8, v8;
+  DeviceBuffer<uint8_t> k_scale, v_scale;
+  // Allocates (the scales' padding zeroed on `s`, the stream the steps run on: the attention's
+  // 16-byte copies read it).
+  void allocate(const LmConfig& c, size_t slots, bool fp8, cudaStream_t s);
+  // Points io's caches here and sets its layer strides.
+  void bind(TemporalIo& io, const LmConfig& c, size_t slots) const;
+};
+
 // y[B, N] = W[N, K] x (+ the prologue and epilogue of `in` and `out`), contiguous rows (x stride K,
 // or 2K for kSiluGate; y stride N, or N / 2 for kGateUp).
 // `gemm` (kern::GemmScratch, or empty): lets B > 4 run as one tensor-core GEMM (kern::GemvArgs).
@@ -275,9 +289,8 @@ class CudaLmStepper : public LmStepper {
   int parity_ = 0;
   float last_ms_ = 0, last_tail_ms_ = 0;
   // Per-session device state, batch B = 1 in slot 0.
-  DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;  // k/v_cache_ empty with kv_fp8
-  DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;                        // with kv_fp8: [layers, C, D] (or by head)
-  DeviceBuffer<uint8_t> k_scale_, v_scale_;  // with kv_fp8: [layers, heads, fp8_scale_pitch(C)]
+  TemporalKv kv_;
+  DeviceBuffer<__nv_bfloat16> dk_cache_, dv_cache_;
   DeviceBuffer<__nv_bfloat16> x_, qkv_, q_, att_, gu_, z_, dqkv_, datt_, dgu_, dpre_;
   DeviceBuffer<float> work_, logits_, ext_;
   // req_ = tokens [K] | force [1 + S] | target [K] | use_ext [1]  (the uploaded request)

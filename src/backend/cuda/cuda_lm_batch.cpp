@@ -34,15 +34,12 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
   PPX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PPX_CUDA_CHECK(cudaEventCreate(&ev0_));
   PPX_CUDA_CHECK(cudaEventCreate(&ev1_));
-  const size_t kv = static_cast<size_t>(c.num_layers) * all * c.context * D;
   {
     // The KV caches dominate: say how much they need before allocating (a failed cudaMalloc names no
     // flag). What capacity keeps back (2% and 1 GiB) stays for the row buffers, graphs and cuBLAS's
     // workspace (the codec is already made; the prompt cache's store, made after, checks itself).
-    // fp8: a byte a value and a scale byte per (layer, slot, head, position padded to 16).
-    const double scales = static_cast<double>(c.num_layers) * static_cast<double>(all) * c.num_heads *
-                          kern::fp8_scale_pitch(c.context);
-    const double need = lm.kv_fp8() ? 2.0 * (static_cast<double>(kv) + scales) : 4.0 * static_cast<double>(kv);
+    const double need =
+        static_cast<double>(temporal_kv_bytes(c, all, lm.kv_fp8() ? KvDtype::kFp8 : KvDtype::kBf16));
     size_t free_b = 0, total_b = 0;
     PPX_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (need > (1 - kMemoryHeadroom) * static_cast<double>(free_b) - kMemoryReserveBytes)
@@ -51,20 +48,7 @@ CudaLmBatch::CudaLmBatch(const CudaLm& lm, int slots, int dep_steps, int device)
                   std::to_string(static_cast<int>(static_cast<double>(free_b) / 1e9)) +
                   " GB of device memory are free" + (lm.kv_fp8() ? "" : " (--kv-fp8 halves them)"));
   }
-  if (lm.kv_fp8()) {
-    k8_cache_.resize(kv);
-    v8_cache_.resize(kv);
-    const size_t sc = static_cast<size_t>(c.num_layers) * all * kern::fp8_scale_pitch(c.context) * c.num_heads;
-    k_scale_.resize(sc);
-    v_scale_.resize(sc);
-    // The padding past C is read (never used) by the attention's 16-byte copies; on the stream the
-    // steps run on (a non-blocking one: the default stream would not order the two).
-    k_scale_.zero(stream_);
-    v_scale_.zero(stream_);
-  } else {
-    k_cache_.resize(kv);
-    v_cache_.resize(kv);
-  }
+  kv_.allocate(c, all, lm.kv_fp8(), stream_);
   const size_t dkv = static_cast<size_t>(c.depformer_num_layers) * all * S_ * DD;
   dk_cache_.resize(dkv);
   dv_cache_.resize(dkv);
@@ -222,17 +206,17 @@ void CudaLmBatch::copy_prefix(int slot, int positions, size_t offset, bool to_st
   if (lm_.kv_fp8()) {
     if (lm_.kv_fp8_by_head()) {
       const size_t hd = static_cast<size_t>(c.dim / c.num_heads);
-      per_head(k8_cache_.get(), hd, c.context);
-      per_head(v8_cache_.get(), hd, c.context);
+      per_head(kv_.k8.get(), hd, c.context);
+      per_head(kv_.v8.get(), hd, c.context);
     } else {
-      tensor(k8_cache_.get(), D, 1);
-      tensor(v8_cache_.get(), D, 1);
+      tensor(kv_.k8.get(), D, 1);
+      tensor(kv_.v8.get(), D, 1);
     }
-    per_head(k_scale_.get(), 1, kern::fp8_scale_pitch(c.context));
-    per_head(v_scale_.get(), 1, kern::fp8_scale_pitch(c.context));
+    per_head(kv_.k_scale.get(), 1, kern::fp8_scale_pitch(c.context));
+    per_head(kv_.v_scale.get(), 1, kern::fp8_scale_pitch(c.context));
   } else {
-    tensor(k_cache_.get(), D, sizeof(bf16));
-    tensor(v_cache_.get(), D, sizeof(bf16));
+    tensor(kv_.k.get(), D, sizeof(bf16));
+    tensor(kv_.v.get(), D, sizeof(bf16));
   }
 }
 
@@ -348,14 +332,7 @@ TemporalIo CudaLmBatch::temporal_io(int B) {
   t.ext = ext_.get();
   t.pos = pos_.get();
   t.slot = use_ext + B;
-  t.k = k_cache_.get();
-  t.v = v_cache_.get();
-  t.k8 = k8_cache_.get();
-  t.v8 = v8_cache_.get();
-  t.k_scale = k_scale_.get();
-  t.v_scale = v_scale_.get();
-  t.layer_kv = all * c.context * c.dim;
-  t.layer_sc = all * kern::fp8_scale_pitch(c.context) * c.num_heads;
+  kv_.bind(t, c, all);
   t.x = x_.get();
   t.qkv = qkv_.get();
   t.q = q_.get();

@@ -89,9 +89,8 @@ class CudaLmBatch : public LmBatch {
   std::vector<cudaGraphExec_t> graphs_;  // per bucket
 
   // Per-slot state, slots_ + 1 slots (the last is the scratch slot of padding rows).
-  DeviceBuffer<__nv_bfloat16> k_cache_, v_cache_, dk_cache_, dv_cache_;
-  DeviceBuffer<__nv_fp8_e4m3> k8_cache_, v8_cache_;
-  DeviceBuffer<uint8_t> k_scale_, v_scale_;
+  TemporalKv kv_;
+  DeviceBuffer<__nv_bfloat16> dk_cache_, dv_cache_;
   DeviceBuffer<int32_t> pos_, top_k_text_, top_k_audio_;
   DeviceBuffer<uint64_t> counter_, seed_;
   DeviceBuffer<float> temp_text_, temp_audio_;
