@@ -4,6 +4,8 @@
 #include <atomic>
 #include <memory>
 
+#include "server/chat_protocol.h"
+#include "server/http_util.h"
 #include "server_test_util.h"
 
 namespace {
@@ -41,6 +43,33 @@ TEST_F(ServerTest, HealthAndVoices) {
   EXPECT_EQ(status, 404);
 }
 
+// Query numbers are whole decimal numbers: no hex, white space, "+" or trailing text.
+TEST_F(ServerTest, ChatParamsTakeOnlyDecimalNumbers) {
+  const ppx::server::ServerModel m = ppx::app::server_model(*model_);
+  ppx::server::ServerOptions o;
+  o.voice_dir = *voice_dir_;
+  for (const char* good : {"text_temperature=0.7", "text_temperature=1e-1", "text_temperature=3", "text_topk=25",
+                           "audio_seed=-1", "text_seed=12"}) {
+    ppx::server::SessionParams p;
+    EXPECT_EQ(ppx::server::parse_chat_params(good, o, m, p), "") << good;
+  }
+  for (const char* bad : {"text_temperature=0x10", "text_temperature=%200.7", "text_temperature=0.7x",
+                          "text_temperature=nan", "text_temperature=inf", "text_temperature=1e309", "text_topk=0x10",
+                          "text_topk=%2025", "text_topk=2.5", "audio_seed=-2", "audio_seed=1e3"}) {
+    ppx::server::SessionParams p;
+    EXPECT_NE(ppx::server::parse_chat_params(bad, o, m, p), "") << bad;
+  }
+}
+
+TEST(HttpUtil, WebSocketKeyIsSixteenBytesOfBase64) {
+  EXPECT_TRUE(ppx::server::valid_websocket_key("dGhlIHNhbXBsZSBub25jZQ=="));  // RFC 6455's example
+  EXPECT_TRUE(ppx::server::valid_websocket_key("AAAAAAAAAAAAAAAAAAAAAA=="));
+  EXPECT_TRUE(ppx::server::valid_websocket_key("/+/+/+/+/+/+/+/+/+/+/w=="));
+  for (const char* bad : {"", "short", "dGhlIHNhbXBsZSBub25jZR==", "dGhlIHNhbXBsZSBub25jZQ=", "dGhlIHNhbXBsZSBub25jZQ===",
+                          "dGhlIHNhbXBsZSBub25jZ Q==", "dGhlIHNhbXBsZSBub25jZQ=x", "dGhlIHNhbXBsZSBub25jZQAA"})
+    EXPECT_FALSE(ppx::server::valid_websocket_key(bad)) << bad;
+}
+
 TEST_F(ServerTest, StaticFilesStayInsideTheirDirectory) {
   const std::string root = *voice_dir_ + "/www";
   fs::create_directories(root + "/assets");
@@ -48,9 +77,15 @@ TEST_F(ServerTest, StaticFilesStayInsideTheirDirectory) {
   ppx::test::write_bytes(root + "/assets/app.js", {'1', ';'});
   std::error_code ec;
   fs::create_symlink("/etc/passwd", root + "/leak.txt", ec);
+  // Larger than any one buffer of the file body: streamed, arrives whole.
+  std::vector<char> big(3 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 24);
+  ppx::test::write_bytes(root + "/big.bin", big);
   start(1, 3.0, 2.0, root);
   int status = 0;
   EXPECT_EQ(http_get(port_, "/", &status), "<p>");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(http_get(port_, "/big.bin", &status), std::string(big.begin(), big.end()));
   EXPECT_EQ(status, 200);
   EXPECT_EQ(http_get(port_, "/assets/app.js", &status), "1;");
   EXPECT_EQ(status, 200);
@@ -152,9 +187,26 @@ TEST_F(ServerTest, BadVoicePromptsAreRefused) {
   expect_healthy();
 }
 
+// A listed voice file that is not audio fails its session with an error that names the file but
+// not the server's voice directory.
+TEST_F(ServerTest, BrokenVoiceFileErrorHidesTheDirectory) {
+  const std::string broken = *voice_dir_ + "/broken.wav";
+  ppx::test::write_bytes(broken, std::vector<char>(4096, 'x'));
+  Client c;
+  ASSERT_TRUE(c.connect(port_, "/api/chat?voice_prompt=broken.wav"));
+  const Exchange ex = c.run({}, 0ms, nullptr, 10s);
+  std::error_code ec;
+  fs::remove(broken, ec);
+  EXPECT_FALSE(ex.handshake);
+  ASSERT_EQ(ex.errors.size(), 1u);
+  EXPECT_NE(ex.errors[0].find("'broken.wav'"), std::string::npos) << ex.errors[0];
+  EXPECT_EQ(ex.errors[0].find(*voice_dir_), std::string::npos) << ex.errors[0];
+  expect_healthy();
+}
+
 TEST_F(ServerTest, BadTextPromptsAreRefused) {
   for (const std::string& t : {std::string("%FF%FE"), std::string(5000, 'a'),
-                               std::string(100 * 1024, 'b')}) {
+                               std::string(50 * 1024, 'b')}) {
     Client c;
     ASSERT_TRUE(c.connect(port_, "/api/chat?voice_prompt=voice.wav&text_prompt=" + t));
     const Exchange ex = c.run({}, 0ms, nullptr, 10s);
@@ -163,6 +215,8 @@ TEST_F(ServerTest, BadTextPromptsAreRefused) {
     ASSERT_EQ(ex.errors.size(), 1u);
     EXPECT_NE(ex.errors[0].find("text_prompt"), std::string::npos) << ex.errors[0];
   }
+  // Past the request head's limit (60 KiB) the upgrade itself is refused.
+  EXPECT_EQ(upgrade_status(port_, "/api/chat?voice_prompt=voice.wav&text_prompt=" + std::string(100 * 1024, 'b')), 431);
   expect_healthy();
 }
 

@@ -230,6 +230,85 @@ TEST_F(ServerTest, ConnectionsBeyondTheLimitAreRefused) {
             1.0);
 }
 
+// Sends `bytes` on a fresh connection; everything the server answers until it closes.
+std::string raw_exchange(uint16_t port, const std::string& bytes) {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  net::write(s, net::buffer(bytes));
+  std::string out;
+  char buf[4096];
+  beast::error_code ec;
+  for (;;) {
+    const size_t n = s.read_some(net::buffer(buf), ec);
+    if (ec) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+// A malformed or oversized request head is answered with its status (not a silent close), and
+// the server serves on.
+TEST_F(ServerTest, MalformedRequestsGetAStatus) {
+  auto status_line = [&](const std::string& req) {
+    const std::string r = raw_exchange(port_, req);
+    return r.substr(0, r.find("\r\n"));
+  };
+  EXPECT_EQ(status_line("GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_line("GET /health HTTP/3.0\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_line("GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  // One header value past the head limit (60 KiB; Beast's own limit of a value is 64 KiB).
+  EXPECT_EQ(status_line("GET /health HTTP/1.1\r\nHost: x\r\nCookie: " + std::string(61 * 1024, 'a') + "\r\n\r\n"),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  // HEAD: the head of the GET's answer, no body.
+  const std::string head = raw_exchange(port_, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Length: "), std::string::npos) << head;
+  EXPECT_EQ(head.find("\r\n\r\n"), head.size() - 4) << head;
+  // WebSocket upgrades: over HTTP/1.0, and with a key that is not 16 bytes of base64.
+  const std::string upgrade =
+      "Host: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n";
+  EXPECT_EQ(status_line("GET " + chat() + " HTTP/1.0\r\n" + upgrade + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"),
+            "HTTP/1.0 400 Bad Request");
+  for (const char* key : {"short", "", "dGhlIHNhbXBsZSBub25jZR==", "dGhlIHNhbXBsZSBub25jZQ=x"})
+    EXPECT_EQ(status_line("GET " + chat() + " HTTP/1.1\r\n" + upgrade + "Sec-WebSocket-Key: " + key + "\r\n\r\n"),
+              "HTTP/1.1 400 Bad Request")
+        << key;
+  expect_healthy();
+}
+
+// At --max-connections, a connection that has trickled its request head for over a second makes
+// way for a new one: slow clients cannot keep /health out.
+TEST_F(ServerTest, SlowRequestHeadsMakeWayAtTheLimit) {
+  start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.max_connections = 3; });
+  net::io_context ioc;
+  std::vector<std::unique_ptr<tcp::socket>> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.push_back(std::make_unique<tcp::socket>(ioc));
+    slow.back()->connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    net::write(*slow.back(), net::buffer(std::string("GET /health HTTP/1.1\r\nHo")));
+  }
+  const auto until = Clock::now() + 5s;
+  while (server_->connections() < 3 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(server_->connections(), 3);
+  std::this_thread::sleep_for(1200ms);
+  int status = 0;
+  EXPECT_EQ(nlohmann::json::parse(http_get(port_, "/health", &status))["status"], "ok");
+  EXPECT_EQ(status, 200);
+  // Exactly one slow connection was closed (the oldest): it reads the end of the stream.
+  std::this_thread::sleep_for(200ms);
+  int closed = 0;
+  for (auto& s : slow) {
+    s->non_blocking(true);
+    char c = 0;
+    beast::error_code ec;
+    s->read_some(net::buffer(&c, 1), ec);
+    closed += ec == net::error::eof || ec == net::error::connection_reset;
+  }
+  EXPECT_EQ(closed, 1);
+}
+
 TEST_F(ServerTest, ApiKeyGuardsTheApiButNotHealth) {
   start(1, 3.0, 2.0, "", "", [](ppx::server::ServerOptions& o) { o.api_key = "s3cret key"; });
   int status = 0;

@@ -12,7 +12,7 @@ namespace ppx {
 Audio read_audio(const std::string& path) {
   SF_INFO info{};
   SNDFILE* f = sf_open(path.c_str(), SFM_READ, &info);
-  if (!f) throw Error("audio file '" + path + "': " + sf_strerror(nullptr));
+  if (!f) throw Error("audio file '" + path + "' cannot be read as audio (libsndfile: " + sf_strerror(nullptr) + ")");
   if (info.channels <= 0 || info.samplerate <= 0 || info.frames < 0) {
     sf_close(f);
     throw Error("audio file '" + path + "': bad header");

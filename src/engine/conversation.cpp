@@ -97,9 +97,13 @@ void Conversation::check_system_prompts(const SystemPrompt& p) const {
   const LmConfig& c = lm_cfg_;
   const int64_t total = system_prompt_steps(p, codec_.frame_samples(), cfg_.audio_silence_frame_cnt);
   if (total >= c.context) {
-    throw Error("system prompts take " + std::to_string(total) + " steps (voice, 2 x " +
-                std::to_string(cfg_.audio_silence_frame_cnt) + " silence, " + std::to_string(p.text_tokens.size()) +
-                " text tokens) but the LM context holds " + std::to_string(c.context) + "; shorten the text prompt");
+    // Advice for the larger of the two parts a client chooses.
+    const int64_t text = static_cast<int64_t>(p.text_tokens.size());
+    const int64_t voice = total - text - 2 * static_cast<int64_t>(cfg_.audio_silence_frame_cnt);
+    throw Error("system prompts take " + std::to_string(total) + " steps (voice " + std::to_string(voice) + ", 2 x " +
+                std::to_string(cfg_.audio_silence_frame_cnt) + " silence, " + std::to_string(text) +
+                " text tokens) but the LM context holds " + std::to_string(c.context) +
+                (voice > text ? "; use a shorter voice prompt" : "; shorten the text prompt"));
   }
   if (p.voice && p.voice->dim != c.dim)
     throw Error("voice embeddings have width " + std::to_string(p.voice->dim) + " but the LM has dim " + std::to_string(c.dim));

@@ -1,6 +1,7 @@
 #include "server/chat_protocol.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,28 +17,22 @@ namespace ppx::server {
 
 namespace {
 
+// The whole of `s` as one decimal number (no white space, sign "+", hex or trailing text), within
+// [lo, hi] and finite.
 bool parse_double(const std::string& s, double lo, double hi, double& out) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(s, &used);
-    if (used != s.size() || !std::isfinite(v) || v < lo || v > hi) return false;
-    out = v;
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
+  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v) || v < lo || v > hi) return false;
+  out = v;
+  return true;
 }
 
 bool parse_int(const std::string& s, long long lo, long long hi, long long& out) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(s, &used);
-    if (used != s.size() || v < lo || v > hi) return false;
-    out = v;
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  long long v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return false;
+  out = v;
+  return true;
 }
 
 }  // namespace

@@ -155,4 +155,15 @@ std::string content_type(const std::string& path) {
   return "application/octet-stream";
 }
 
+bool valid_websocket_key(std::string_view key) {
+  static constexpr std::string_view kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  if (key.size() != 24 || key.substr(22) != "==") return false;
+  for (size_t i = 0; i < 22; ++i) {
+    const size_t v = kAlphabet.find(key[i]);
+    if (v == std::string_view::npos) return false;
+    if (i == 21 && (v & 0xf) != 0) return false;  // 16 bytes = 128 bits: the last character holds 2
+  }
+  return true;
+}
+
 }  // namespace ppx::server

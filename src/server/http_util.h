@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ppx::server {
@@ -33,5 +34,9 @@ std::optional<std::string> resolve_static(const std::string& root, const std::st
 
 // A MIME type from a file name's extension (application/octet-stream when unknown).
 std::string content_type(const std::string& path);
+
+// A Sec-WebSocket-Key as RFC 6455 has it: 16 bytes in base64 (22 characters of the alphabet, the
+// last with no bits past the 16 bytes, then "==").
+bool valid_websocket_key(std::string_view key);
 
 }  // namespace ppx::server

@@ -41,9 +41,11 @@ using tcp = net::ip::tcp;
 namespace {
 
 constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
-// Request head limit: large enough that an oversized text_prompt reaches the prompt check (and
-// its clear error message) instead of failing the HTTP parse.
-constexpr uint32_t kMaxRequestHead = 256 * 1024;
+// Request head limit: large enough that an oversized text_prompt (4096 bytes, up to 3x that
+// percent-encoded) reaches the prompt check and its clear error message instead of failing the
+// HTTP parse; small enough that no header value reaches Beast's own limit of a field (64 KiB),
+// which throws instead of failing the read.
+constexpr uint32_t kMaxRequestHead = 60 * 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr auto kCloseFlushLimit = std::chrono::seconds(2);  // stop(): time for the 0x05 + close
 // Retry-After of a WebSocket upgrade refused with 503: all slots in use (one may free up any
@@ -215,9 +217,19 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
  public:
   HttpConnection(std::shared_ptr<SessionHub> hub, Stream&& s)
       : hub_(std::move(hub)), conn_(hub_), stream_(std::move(s)) {}
+  ~HttpConnection() { hub_->head_waiters.remove(waiter_); }
 
   void run() {
     beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(15));
+    // Until its request head is read, a newer connection at the limit may close this one
+    // (HeadWaiters), on this connection's strand.
+    waiter_ = hub_->head_waiters.add([weak = this->weak_from_this()] {
+      if (auto self = weak.lock())
+        net::post(self->stream_.get_executor(), [self] {
+          beast::error_code ec;
+          beast::get_lowest_layer(self->stream_).socket().close(ec);
+        });
+    });
     if constexpr (kIsTls<Stream>) {
       stream_.async_handshake(ssl::stream_base::server,
                               [self = this->shared_from_this()](beast::error_code ec) {
@@ -235,8 +247,29 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     parser_->body_limit(16 * 1024);
     http::async_read(stream_, buf_, *parser_,
                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       if (!ec) self->on_request();
+                       self->hub_->head_waiters.remove(self->waiter_);
+                       if (!ec) return self->on_request();
+                       self->on_bad_request(ec);
                      });
+  }
+
+  // A request that could not be read: a status for one that was malformed or too large (the
+  // client is still there to read it), nothing when the client left or timed out.
+  void on_bad_request(beast::error_code ec) {
+    if (ec.category() != http::make_error_code(http::error::bad_target).category() ||
+        ec == http::error::end_of_stream || ec == http::error::partial_message)
+      return;
+    http::status st = http::status::bad_request;
+    std::string why = "bad request: " + ec.message() + "\n";
+    if (ec == http::error::header_limit) {
+      st = http::status::request_header_fields_too_large;
+      why = "request head larger than " + std::to_string(kMaxRequestHead / 1024) + " KiB\n";
+    } else if (ec == http::error::body_limit) {
+      st = http::status::payload_too_large;
+      why = "request body too large\n";
+    }
+    http::request<http::string_body> req;  // HTTP/1.1, GET: what the reply needs of it
+    reply(req, st, "text/plain", why);
   }
 
   void on_request() {
@@ -278,9 +311,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const std::string path = target.substr(0, qpos);
     const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
     const bool api = path.rfind("/api/", 0) == 0;
+    if (!websocket::is_upgrade(req) && beast::iequals(req[http::field::upgrade], "websocket"))
+      return reply(req, http::status::bad_request, "text/plain",
+                   "a WebSocket upgrade needs an HTTP/1.1 GET with Connection: Upgrade\n");
     if (websocket::is_upgrade(req)) {
       if (path != "/api/chat" && path != "/v1/realtime")
         return reply(req, http::status::not_found, "text/plain", "not found\n");
+      if (!valid_websocket_key(req[http::field::sec_websocket_key]))
+        return reply(req, http::status::bad_request, "text/plain",
+                     "Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455)\n");
       if (!origin_allowed(req)) {
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
@@ -315,7 +354,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
           ->start(req);
       return;
     }
-    if (req.method() != http::verb::get)
+    if (req.method() != http::verb::get && req.method() != http::verb::head)
       return reply(req, http::status::method_not_allowed, "text/plain", "method not allowed\n");
     const int in_use = hub_->sessions_in_use();
     if (path == "/health/live")  // the process serves HTTP
@@ -367,10 +406,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
                    dump(nlohmann::ordered_json(list_voices(hub_->opts.voice_dir))));
     // --static files first (they may replace the built-in client), then the built-in client.
     if (const auto file = resolve_static(hub_->opts.static_dir, target)) {
-      std::ifstream f(*file, std::ios::binary);
-      std::ostringstream ss;
-      ss << f.rdbuf();
-      if (f) return reply(req, http::status::ok, content_type(*file), ss.str());
+      // Streamed from the file a buffer at a time (never read whole into memory).
+      http::file_body::value_type body;
+      beast::error_code ec;
+      body.open(file->c_str(), beast::file_mode::scan, ec);
+      if (!ec) {
+        auto res = std::make_shared<http::response<http::file_body>>(http::status::ok, req.version());
+        res->set(http::field::content_type, content_type(*file));
+        res->body() = std::move(body);
+        return send(req, std::move(res));
+      }
     }
     if (const WebAsset* a = find_web_asset(path))
       return reply(req, http::status::ok, a->content_type, std::string(a->body));
@@ -395,17 +440,26 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   void reply(const http::request<http::string_body>& req, http::status st, const std::string& type,
              std::string body, int retry_after_s = 0, bool bearer_challenge = false) {
     auto res = std::make_shared<http::response<http::string_body>>(st, req.version());
-    res->set(http::field::server, "personaplex-cpp");
     res->set(http::field::content_type, type);
     res->set(http::field::cache_control, "no-store");
     if (retry_after_s > 0) res->set(http::field::retry_after, std::to_string(retry_after_s));
     if (bearer_challenge) res->set(http::field::www_authenticate, "Bearer");
-    res->keep_alive(false);
     res->body() = std::move(body);
+    send(req, std::move(res));
+  }
+
+  // Writes a response and closes; to a HEAD request, its head alone (with the body's length).
+  template <class Body>
+  void send(const http::request<http::string_body>& req, std::shared_ptr<http::response<Body>> res) {
+    res->set(http::field::server, "personaplex-cpp");
+    res->keep_alive(false);
     res->prepare_payload();
-    http::async_write(
-        stream_, *res,
-        [self = this->shared_from_this(), res](beast::error_code, size_t) { self->finish(); });
+    auto sr = std::make_shared<http::response_serializer<Body>>(*res);
+    auto done = [self = this->shared_from_this(), res, sr](beast::error_code, size_t) { self->finish(); };
+    if (req.method() == http::verb::head)
+      http::async_write_header(stream_, *sr, std::move(done));
+    else
+      http::async_write(stream_, *sr, std::move(done));
   }
 
   void finish() {
@@ -423,6 +477,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  uint64_t waiter_ = 0;  // in hub_->head_waiters until the request head is read
 };
 
 // Certificate chain and key from DIR/cert.pem and DIR/key.pem; TLS 1.2 or newer.
@@ -489,8 +544,11 @@ struct Server::Impl {
   }
 
   void on_socket(tcp::socket s) {
-    if (hub->connections.load() >= hub->opts.max_connections) {
-      hub->metrics.rejected(Rejection::kTooManyConnections);
+    // At the limit, the oldest connection still without a request head makes way (HeadWaiters);
+    // counted as a refusal too.
+    const bool full = hub->connections.load() >= hub->opts.max_connections;
+    if (full) hub->metrics.rejected(Rejection::kTooManyConnections);
+    if (full && !hub->head_waiters.close_oldest(std::chrono::seconds(1))) {
       beast::error_code ec;
       if (!tls) {  // best effort: the socket's send buffer takes this at once
         static constexpr char k503[] =

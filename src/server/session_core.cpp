@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -102,6 +103,30 @@ void SessionHub::kill_all(SessionEnd why, const std::string& message) {
   }
   for (auto& w : live)
     if (auto s = w.lock()) s->kill(why, message);
+}
+
+uint64_t HeadWaiters::add(std::function<void()> close) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t id = next_++;
+  waiters_.emplace(id, Waiter{std::chrono::steady_clock::now(), std::move(close)});
+  return id;
+}
+
+void HeadWaiters::remove(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  waiters_.erase(id);
+}
+
+bool HeadWaiters::close_oldest(std::chrono::steady_clock::duration min_age) {
+  std::function<void()> close;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (waiters_.empty() || std::chrono::steady_clock::now() - waiters_.begin()->second.since < min_age) return false;
+    close = std::move(waiters_.begin()->second.close);
+    waiters_.erase(waiters_.begin());
+  }
+  close();
+  return true;
 }
 
 std::string SessionHub::unavailable() {
@@ -214,7 +239,12 @@ SessionEnd SessionCore::failed(std::exception_ptr e, std::string& detail) {
     if (hub_->on_device_error) hub_->on_device_error(d.what());
     return SessionEnd::kDeviceError;
   } catch (const std::exception& x) {
-    detail = std::string("session failed: ") + x.what();
+    // Clients see voice files by name: the server's directory stays out of what they are told.
+    std::string what = x.what();
+    if (const std::string dir = hub_->opts.voice_dir.empty() ? "" : (std::filesystem::path(hub_->opts.voice_dir) / "").string();
+        !dir.empty())
+      for (size_t at = what.find(dir); at != std::string::npos; at = what.find(dir, at)) what.erase(at, dir.size());
+    detail = "session failed: " + what;
   } catch (...) {
     detail = "session failed: unknown error";
   }

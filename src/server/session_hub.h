@@ -5,9 +5,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +30,29 @@
 namespace ppx::server {
 
 class SessionCore;
+
+// Connections still waiting for their request head (and the TLS handshake before it), oldest
+// first. A connection arriving at the --max-connections limit closes the oldest of them that has
+// waited at least a second instead of being refused, so that clients that trickle their heads, or
+// never send one, cannot keep /health and new sessions out (a real client's head takes
+// milliseconds).
+class HeadWaiters {
+ public:
+  // Registers a waiter; `close` ends it (called once at most, on any thread). Returns its id.
+  uint64_t add(std::function<void()> close);
+  void remove(uint64_t id);  // a no-op when already gone
+  // Closes the oldest waiter that has waited at least `min_age`; false when there is none.
+  bool close_oldest(std::chrono::steady_clock::duration min_age);
+
+ private:
+  struct Waiter {
+    std::chrono::steady_clock::time_point since;
+    std::function<void()> close;
+  };
+  std::mutex mu_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Waiter> waiters_;  // by id: oldest first
+};
 
 struct SessionHub {
   ServerOptions opts;
@@ -56,6 +81,7 @@ struct SessionHub {
   std::unique_ptr<CodecScheduler> codec;
 
   std::atomic<int> connections{0};  // open client connections (ConnectionSlot holders)
+  HeadWaiters head_waiters;
   std::atomic<int> websockets{0};   // WebSocket sessions not yet destroyed
   // Called (once, on a session worker) when a DeviceError makes the device unusable.
   std::function<void(const std::string&)> on_device_error;
