@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -47,6 +48,12 @@ constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
 // which throws instead of failing the read.
 constexpr uint32_t kMaxRequestHead = 60 * 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// A plain HTTP response: each piece written within this (a client that stops reading is dropped).
+constexpr auto kResponseIdleTimeout = std::chrono::seconds(15);
+// After refusing a malformed or oversized request: what the client still sends is read and
+// dropped for up to this long, or this many bytes, before the close.
+constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr size_t kLingerBytes = 1 << 20;
 constexpr auto kCloseFlushLimit = std::chrono::seconds(2);  // stop(): time for the 0x05 + close
 // Retry-After of a WebSocket upgrade refused with 503: all slots in use (one may free up any
 // moment), or draining / device failed (the process is going away; a restart takes longer).
@@ -269,6 +276,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       why = "request body too large\n";
     }
     http::request<http::string_body> req;  // HTTP/1.1, GET: what the reply needs of it
+    linger_ = true;
     reply(req, st, "text/plain", why);
   }
 
@@ -455,14 +463,38 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     res->keep_alive(false);
     res->prepare_payload();
     auto sr = std::make_shared<http::response_serializer<Body>>(*res);
-    auto done = [self = this->shared_from_this(), res, sr](beast::error_code, size_t) { self->finish(); };
-    if (req.method() == http::verb::head)
-      http::async_write_header(stream_, *sr, std::move(done));
-    else
-      http::async_write(stream_, *sr, std::move(done));
+    if (req.method() == http::verb::head) {
+      beast::get_lowest_layer(stream_).expires_after(kResponseIdleTimeout);
+      http::async_write_header(stream_, *sr,
+                               [self = this->shared_from_this(), res, sr](beast::error_code, size_t) { self->finish(); });
+    } else {
+      write_some(std::move(res), std::move(sr));
+    }
+  }
+
+  // The response a piece at a time, each within kResponseIdleTimeout: a large static file takes as
+  // long as the client keeps reading, and a client that stops reading is dropped.
+  template <class Body>
+  void write_some(std::shared_ptr<http::response<Body>> res, std::shared_ptr<http::response_serializer<Body>> sr) {
+    beast::get_lowest_layer(stream_).expires_after(kResponseIdleTimeout);
+    http::async_write_some(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, size_t) mutable {
+      if (ec || sr->is_done()) return self->finish();
+      self->write_some(std::move(res), std::move(sr));
+    });
   }
 
   void finish() {
+    if (linger_) {
+      // After refusing a request that the client may still be sending (a head over the limit):
+      // read and drop what comes for a while before closing, so that closing with unread data
+      // (a TCP reset) does not destroy the answer before the client reads it.
+      if constexpr (!kIsTls<Stream>) {
+        beast::error_code ec;
+        stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+      }
+      beast::get_lowest_layer(stream_).expires_after(kLingerTime);
+      return drain();
+    }
     if constexpr (kIsTls<Stream>) {
       beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(5));
       stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) {});
@@ -472,12 +504,24 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     }
   }
 
+  void drain() {
+    stream_.async_read_some(net::buffer(drain_buf_), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+      self->drained_ += n;
+      if (!ec && self->drained_ < kLingerBytes) return self->drain();
+      self->linger_ = false;
+      if constexpr (kIsTls<Stream>) self->finish();  // then the TLS close
+    });
+  }
+
   std::shared_ptr<SessionHub> hub_;
   ConnectionSlot conn_;
   Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   uint64_t waiter_ = 0;  // in hub_->head_waiters until the request head is read
+  bool linger_ = false;  // finish() drains the client's input first (on_bad_request)
+  size_t drained_ = 0;
+  std::array<char, 16384> drain_buf_{};
 };
 
 // Certificate chain and key from DIR/cert.pem and DIR/key.pem; TLS 1.2 or newer.
