@@ -280,6 +280,11 @@ TEST_F(ServerTest, MalformedRequestsGetAStatus) {
     EXPECT_EQ(status_line("GET " + chat() + " HTTP/1.1\r\n" + upgrade + "Sec-WebSocket-Key: " + key + "\r\n\r\n"),
               "HTTP/1.1 400 Bad Request")
         << key;
+  const std::string v8 = raw_exchange(port_, "GET " + chat() +
+                                                 " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                                                 "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n");
+  EXPECT_EQ(v8.rfind("HTTP/1.1 426 Upgrade Required\r\n", 0), 0u) << v8;
+  EXPECT_NE(v8.find("Sec-WebSocket-Version: 13\r\n"), std::string::npos) << v8;
   expect_healthy();
 }
 

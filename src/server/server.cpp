@@ -328,6 +328,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       if (!valid_websocket_key(req[http::field::sec_websocket_key]))
         return reply(req, http::status::bad_request, "text/plain",
                      "Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455)\n");
+      if (req[http::field::sec_websocket_version] != "13")
+        return reply(req, http::status::upgrade_required, "text/plain", "this server speaks WebSocket version 13\n", 0,
+                     false, true);
       if (!origin_allowed(req)) {
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
@@ -446,8 +449,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   }
 
   void reply(const http::request<http::string_body>& req, http::status st, const std::string& type,
-             std::string body, int retry_after_s = 0, bool bearer_challenge = false) {
+             std::string body, int retry_after_s = 0, bool bearer_challenge = false, bool ws_version = false) {
     auto res = std::make_shared<http::response<http::string_body>>(st, req.version());
+    if (ws_version) res->set(http::field::sec_websocket_version, "13");  // RFC 6455 4.4
     res->set(http::field::content_type, type);
     res->set(http::field::cache_control, "no-store");
     if (retry_after_s > 0) res->set(http::field::retry_after, std::to_string(retry_after_s));
