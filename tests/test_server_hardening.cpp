@@ -2,6 +2,7 @@
 // here reproduces a way the server could crash, be starved or grow without bound, and checks the
 // contained outcome (limits and budgets: docs/PROTOCOL.md "Limits").
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <atomic>
@@ -235,6 +236,8 @@ std::string raw_exchange(uint16_t port, const std::string& bytes) {
   net::io_context ioc;
   tcp::socket s(ioc);
   s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  const timeval limit{20, 0};  // a server that never answers fails the test instead of hanging it
+  setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   net::write(s, net::buffer(bytes));
   std::string out;
   char buf[4096];

@@ -50,6 +50,7 @@ constexpr uint32_t kMaxRequestHead = 60 * 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 // A plain HTTP response: each piece written within this (a client that stops reading is dropped).
 constexpr auto kResponseIdleTimeout = std::chrono::seconds(15);
+constexpr uint64_t kMinResponseRate = 64 * 1024;  // bytes/s: a whole response's deadline
 // After refusing a malformed or oversized request: what the client still sends is read and
 // dropped for up to this long, or this many bytes, before the close.
 constexpr auto kLingerTime = std::chrono::seconds(2);
@@ -230,12 +231,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(15));
     // Until its request head is read, a newer connection at the limit may close this one
     // (HeadWaiters), on this connection's strand.
-    waiter_ = hub_->head_waiters.add([weak = this->weak_from_this()] {
-      if (auto self = weak.lock())
-        net::post(self->stream_.get_executor(), [self] {
+    // The callback runs on another thread: it touches the stream only on the strand, and only
+    // while the head is unread (after that the stream may belong to a WebSocket session).
+    waiter_ = hub_->head_waiters.add([weak = this->weak_from_this(), ex = stream_.get_executor()] {
+      net::post(ex, [weak] {
+        if (auto self = weak.lock(); self && !self->head_read_) {
           beast::error_code ec;
           beast::get_lowest_layer(self->stream_).socket().close(ec);
-        });
+        }
+      });
     });
     if constexpr (kIsTls<Stream>) {
       stream_.async_handshake(ssl::stream_base::server,
@@ -254,6 +258,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     parser_->body_limit(16 * 1024);
     http::async_read(stream_, buf_, *parser_,
                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                       self->head_read_ = true;
                        self->hub_->head_waiters.remove(self->waiter_);
                        if (!ec) return self->on_request();
                        self->on_bad_request(ec);
@@ -275,7 +280,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       st = http::status::payload_too_large;
       why = "request body too large\n";
     }
-    http::request<http::string_body> req;  // HTTP/1.1, GET: what the reply needs of it
+    http::request<http::string_body> req;  // HTTP/1.1, not HEAD: what the reply needs of it
     linger_ = true;
     reply(req, st, "text/plain", why);
   }
@@ -467,6 +472,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     res->keep_alive(false);
     res->prepare_payload();
     auto sr = std::make_shared<http::response_serializer<Body>>(*res);
+    // Besides each piece's idle limit, the whole response within 60 s or at kMinResponseRate, so
+    // that a client reading a trickle cannot hold its connection indefinitely.
+    const uint64_t size = res->payload_size().value_or(0);
+    response_deadline_ = std::chrono::steady_clock::now() +
+                         std::max<std::chrono::steady_clock::duration>(
+                             std::chrono::seconds(60), std::chrono::seconds(size / kMinResponseRate));
     if (req.method() == http::verb::head) {
       beast::get_lowest_layer(stream_).expires_after(kResponseIdleTimeout);
       http::async_write_header(stream_, *sr,
@@ -480,7 +491,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   // long as the client keeps reading, and a client that stops reading is dropped.
   template <class Body>
   void write_some(std::shared_ptr<http::response<Body>> res, std::shared_ptr<http::response_serializer<Body>> sr) {
-    beast::get_lowest_layer(stream_).expires_after(kResponseIdleTimeout);
+    beast::get_lowest_layer(stream_).expires_at(
+        std::min(std::chrono::steady_clock::now() + kResponseIdleTimeout, response_deadline_));
     http::async_write_some(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, size_t) mutable {
       if (ec || sr->is_done()) return self->finish();
       self->write_some(std::move(res), std::move(sr));
@@ -523,6 +535,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   uint64_t waiter_ = 0;  // in hub_->head_waiters until the request head is read
+  bool head_read_ = false;  // strand only
+  std::chrono::steady_clock::time_point response_deadline_{};
   bool linger_ = false;  // finish() drains the client's input first (on_bad_request)
   size_t drained_ = 0;
   std::array<char, 16384> drain_buf_{};

@@ -241,9 +241,16 @@ SessionEnd SessionCore::failed(std::exception_ptr e, std::string& detail) {
   } catch (const std::exception& x) {
     // Clients see voice files by name: the server's directory stays out of what they are told.
     std::string what = x.what();
-    if (const std::string dir = hub_->opts.voice_dir.empty() ? "" : (std::filesystem::path(hub_->opts.voice_dir) / "").string();
-        !dir.empty())
-      for (size_t at = what.find(dir); at != std::string::npos; at = what.find(dir, at)) what.erase(at, dir.size());
+    std::string path;
+    {
+      std::lock_guard<std::mutex> lk(voice_mu_);
+      path = voice_path_;
+    }
+    if (!path.empty()) {
+      const std::string name = std::filesystem::path(path).filename().string();
+      for (size_t at = what.find(path); at != std::string::npos; at = what.find(path, at + name.size()))
+        what.replace(at, path.size(), name);
+    }
     detail = "session failed: " + what;
   } catch (...) {
     detail = "session failed: unknown error";
@@ -370,6 +377,10 @@ std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
   }
   log::info("session prompts",
             {{"session", id_}, {"voice", p.voice_path}, {"text_prompt_bytes", p.text_prompt.size()}});
+  {
+    std::lock_guard<std::mutex> lk(voice_mu_);
+    voice_path_ = p.voice_path;
+  }
   // A client that left at once (connect/reset churn) costs no model state.
   if (!alive()) return ended_early();
   SystemPrompt prompt;

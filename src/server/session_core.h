@@ -189,6 +189,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   std::unique_ptr<Protocol> protocol_;
   const std::string id_ = log::new_session_id();
+  std::mutex voice_mu_;
+  std::string voice_path_;  // under voice_mu_: the chosen voice file, named by its file name alone in errors
   Clock::time_point t0_;       // worker: when the session took its slot
   int64_t frames_ = 0;         // worker only
   int64_t budget_misses_ = 0;  // worker only: frames whose step took longer than the frame
