@@ -15,10 +15,8 @@
 #include <boost/beast/websocket/ssl.hpp>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <type_traits>
 
@@ -230,9 +228,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   void run() {
     beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(15));
     // Until its request head is read, a newer connection at the limit may close this one
-    // (HeadWaiters), on this connection's strand.
-    // The callback runs on another thread: it touches the stream only on the strand, and only
-    // while the head is unread (after that the stream may belong to a WebSocket session).
+    // (HeadWaiters). The callback runs on another thread: it touches the stream only on this
+    // connection's strand, and only while the head is unread (after that the stream may belong to
+    // a WebSocket session).
     waiter_ = hub_->head_waiters.add([weak = this->weak_from_this(), ex = stream_.get_executor()] {
       net::post(ex, [weak] {
         if (auto self = weak.lock(); self && !self->head_read_) {
