@@ -288,6 +288,13 @@ TEST_F(ServerTest, MalformedRequestsGetAStatus) {
                                                  "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n");
   EXPECT_EQ(v8.rfind("HTTP/1.1 426 Upgrade Required\r\n", 0), 0u) << v8;
   EXPECT_NE(v8.find("Sec-WebSocket-Version: 13\r\n"), std::string::npos) << v8;
+  // HTTP/1.1 without Host (RFC 9112 3.2); HTTP/1.0 needs none.
+  const std::string no_host = raw_exchange(port_, "GET /health HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(no_host.rfind("HTTP/1.1 400 Bad Request\r\n", 0), 0u) << no_host;
+  EXPECT_NE(no_host.find("Host header"), std::string::npos) << no_host;
+  EXPECT_EQ(status_line("GET /health HTTP/1.0\r\n\r\n"), "HTTP/1.0 200 OK");
+  // Every refusal above counted: 3 + 6 + 1 + 4 + 1 + 1 (the HEAD and the HTTP/1.0 GET succeed).
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_rejected_total{reason=\"malformed_request\"}"), 16.0);
   expect_healthy();
 }
 

@@ -28,8 +28,9 @@ enum class Rejection {
   kForbiddenOrigin,     // Origin not in --allowed-origin
   kTooManyConnections,  // --max-connections reached
   kInternalError,       // an exception while setting the session up
+  kMalformedRequest,    // an HTTP request that breaks HTTP or RFC 6455 (answered 400, 413, 426 or 431)
 };
-inline constexpr size_t kRejectionCount = 7;
+inline constexpr size_t kRejectionCount = 8;
 
 // Prometheus label values, indexed by the enums above.
 inline constexpr std::array<const char*, kSessionEndCount> kSessionEndLabels = {
@@ -40,7 +41,7 @@ inline constexpr std::array<const char*, kSessionEndCount> kSessionEndLabels = {
     "session_error"};
 inline constexpr std::array<const char*, kRejectionCount> kRejectionLabels = {
     "bad_request",          "busy",          "draining", "unauthorized", "forbidden_origin",
-    "too_many_connections", "internal_error"};
+    "too_many_connections", "internal_error", "malformed_request"};
 
 inline const char* label(SessionEnd e) { return kSessionEndLabels[static_cast<size_t>(e)]; }
 inline const char* label(Rejection r) { return kRejectionLabels[static_cast<size_t>(r)]; }

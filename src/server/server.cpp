@@ -280,7 +280,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     }
     http::request<http::string_body> req;  // HTTP/1.1, not HEAD: what the reply needs of it
     linger_ = true;
-    reply(req, st, "text/plain", why);
+    malformed(req, st, why);
   }
 
   void on_request() {
@@ -322,18 +322,19 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const std::string path = target.substr(0, qpos);
     const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
     const bool api = path.rfind("/api/", 0) == 0;
+    if (req.version() >= 11 && req.find(http::field::host) == req.end())  // RFC 9112 3.2
+      return malformed(req, http::status::bad_request, "an HTTP/1.1 request needs a Host header\n");
     if (!websocket::is_upgrade(req) && beast::iequals(req[http::field::upgrade], "websocket"))
-      return reply(req, http::status::bad_request, "text/plain",
-                   "a WebSocket upgrade needs an HTTP/1.1 GET with Connection: Upgrade\n");
+      return malformed(req, http::status::bad_request,
+                       "a WebSocket upgrade needs an HTTP/1.1 GET with Connection: Upgrade\n");
     if (websocket::is_upgrade(req)) {
       if (path != "/api/chat" && path != "/v1/realtime")
         return reply(req, http::status::not_found, "text/plain", "not found\n");
       if (!valid_websocket_key(req[http::field::sec_websocket_key]))
-        return reply(req, http::status::bad_request, "text/plain",
-                     "Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455)\n");
+        return malformed(req, http::status::bad_request, "Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455)\n");
       if (req[http::field::sec_websocket_version] != "13")
-        return reply(req, http::status::upgrade_required, "text/plain", "this server speaks WebSocket version 13\n", 0,
-                     false, true);
+        return malformed(req, http::status::upgrade_required, "this server speaks WebSocket version 13\n",
+                         {.ws_version = true});
       if (!origin_allowed(req)) {
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
@@ -442,23 +443,38 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     nlohmann::ordered_json j;
     j["error"]["code"] = code;
     j["error"]["message"] = message;
-    reply(req, http::status::service_unavailable, "application/json", dump(j), retry_after_s);
+    reply(req, http::status::service_unavailable, "application/json", dump(j), {.retry_after_s = retry_after_s});
   }
 
   void unauthorized(const http::request<http::string_body>& req) {
     hub_->metrics.rejected(Rejection::kUnauthorized);
     reply(req, http::status::unauthorized, "text/plain",
-          "unauthorized: give the API key as api_key=... or Authorization: Bearer ...\n", 0, true);
+          "unauthorized: give the API key as api_key=... or Authorization: Bearer ...\n",
+          {.bearer_challenge = true});
+  }
+
+  // Header fields a reply may add besides its type.
+  struct ReplyFields {
+    int retry_after_s = 0;          // Retry-After, when above 0
+    bool bearer_challenge = false;  // WWW-Authenticate: Bearer
+    bool ws_version = false;        // Sec-WebSocket-Version: 13 (RFC 6455 4.4)
+  };
+
+  // A request that breaks HTTP or RFC 6455: counted as a malformed_request rejection.
+  void malformed(const http::request<http::string_body>& req, http::status st, std::string why,
+                 ReplyFields fields = {}) {
+    hub_->metrics.rejected(Rejection::kMalformedRequest);
+    reply(req, st, "text/plain", std::move(why), fields);
   }
 
   void reply(const http::request<http::string_body>& req, http::status st, const std::string& type,
-             std::string body, int retry_after_s = 0, bool bearer_challenge = false, bool ws_version = false) {
+             std::string body, ReplyFields fields = {}) {
     auto res = std::make_shared<http::response<http::string_body>>(st, req.version());
-    if (ws_version) res->set(http::field::sec_websocket_version, "13");  // RFC 6455 4.4
+    if (fields.ws_version) res->set(http::field::sec_websocket_version, "13");
     res->set(http::field::content_type, type);
     res->set(http::field::cache_control, "no-store");
-    if (retry_after_s > 0) res->set(http::field::retry_after, std::to_string(retry_after_s));
-    if (bearer_challenge) res->set(http::field::www_authenticate, "Bearer");
+    if (fields.retry_after_s > 0) res->set(http::field::retry_after, std::to_string(fields.retry_after_s));
+    if (fields.bearer_challenge) res->set(http::field::www_authenticate, "Bearer");
     res->body() = std::move(body);
     send(req, std::move(res));
   }
