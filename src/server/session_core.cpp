@@ -231,6 +231,19 @@ SessionCore::SessionCore(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protoc
 // did unless the session never started).
 SessionCore::~SessionCore() = default;
 
+std::shared_ptr<const PreparedVoice> SessionCore::voice(const std::string& path, int sample_rate, int frame_samples) {
+  try {
+    return hub_->voices.get(path, sample_rate, frame_samples);
+  } catch (const std::exception& x) {
+    // Clients see the voice file by name: the server's directory stays out of what they are told.
+    std::string what = x.what();
+    const std::string name = std::filesystem::path(path).filename().string();
+    for (size_t at = what.find(path); at != std::string::npos; at = what.find(path, at + name.size()))
+      what.replace(at, path.size(), name);
+    throw Error(what);
+  }
+}
+
 SessionEnd SessionCore::failed(std::exception_ptr e, std::string& detail) {
   try {
     std::rethrow_exception(e);
@@ -239,19 +252,7 @@ SessionEnd SessionCore::failed(std::exception_ptr e, std::string& detail) {
     if (hub_->on_device_error) hub_->on_device_error(d.what());
     return SessionEnd::kDeviceError;
   } catch (const std::exception& x) {
-    // Clients see voice files by name: the server's directory stays out of what they are told.
-    std::string what = x.what();
-    std::string path;
-    {
-      std::lock_guard<std::mutex> lk(voice_mu_);
-      path = voice_path_;
-    }
-    if (!path.empty()) {
-      const std::string name = std::filesystem::path(path).filename().string();
-      for (size_t at = what.find(path); at != std::string::npos; at = what.find(path, at + name.size()))
-        what.replace(at, path.size(), name);
-    }
-    detail = "session failed: " + what;
+    detail = std::string("session failed: ") + x.what();
   } catch (...) {
     detail = "session failed: unknown error";
   }
@@ -377,14 +378,10 @@ std::optional<SessionEnd> SessionCore::prepare(int slot, std::string& detail) {
   }
   log::info("session prompts",
             {{"session", id_}, {"voice", p.voice_path}, {"text_prompt_bytes", p.text_prompt.size()}});
-  {
-    std::lock_guard<std::mutex> lk(voice_mu_);
-    voice_path_ = p.voice_path;
-  }
   // A client that left at once (connect/reset churn) costs no model state.
   if (!alive()) return ended_early();
   SystemPrompt prompt;
-  if (!p.voice_path.empty()) set_prompt_voice(prompt, *hub_->voices.get(p.voice_path, sr, fs));
+  if (!p.voice_path.empty()) set_prompt_voice(prompt, *voice(p.voice_path, sr, fs));
   const std::string wrapped = wrap_system_prompt(p.text_prompt);
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
   if (hub_->codec) {

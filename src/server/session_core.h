@@ -174,6 +174,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void finish(int slot, std::unique_ptr<Live> live, SessionEnd why, const std::string& detail);
   // Maps an exception of the session (a DeviceError ends the server) to its end.
   SessionEnd failed(std::exception_ptr e, std::string& detail);
+  // The prepared voice of `path` (VoiceCache::get); its errors name the file without its directory.
+  std::shared_ptr<const PreparedVoice> voice(const std::string& path, int sample_rate, int frame_samples);
   // Live phase, on strand_.
   void post_tick();  // any thread: have tick() run soon (coalesced)
   void tick();       // input, limits, the next frame or the next wake-up
@@ -189,8 +191,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   std::unique_ptr<Protocol> protocol_;
   const std::string id_ = log::new_session_id();
-  std::mutex voice_mu_;
-  std::string voice_path_;  // under voice_mu_: the chosen voice file, named by its file name alone in errors
   Clock::time_point t0_;       // worker: when the session took its slot
   int64_t frames_ = 0;         // worker only
   int64_t budget_misses_ = 0;  // worker only: frames whose step took longer than the frame
