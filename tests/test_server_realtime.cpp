@@ -528,6 +528,40 @@ TEST_F(RealtimeServerTest, InvalidEventFloodEndsTheSession) {
   EXPECT_TRUE(wait_slots_free(port_));
 }
 
+// Valid events faster than the server's budget end the session with a fatal error that says so:
+// small control events (each answered with the whole session), and large ones (each parsed).
+TEST_F(RealtimeServerTest, EventFloodsEndTheSession) {
+  const std::string big = R"({"type":"conversation.item.create","item":{"type":"message","x":")" +
+                          std::string(1000 * 1000, 'a') + "\"}}";
+  for (const bool large : {false, true}) {
+    RtClient c;
+    ASSERT_TRUE(c.connect(port_, target()));
+    size_t sent = 0;
+    c.run(
+        [&](RtClient& cl, const RtEvent& e) {
+          if (e.type() == "session.created") {
+            const size_t n = large ? 40 : static_cast<size_t>(ppx::server::kControlEventsBurst) + 100;
+            for (; sent < n; ++sent)
+              cl.send(large ? big : std::string(R"({"type":"session.update","session":{}})"));
+          }
+          return false;
+        },
+        20s);
+    EXPECT_TRUE(c.closed) << large;
+    ASSERT_FALSE(c.events.empty());
+    const auto& last = c.events.back().j;
+    EXPECT_EQ(last["error"]["code"], "session_error") << last.dump();
+    EXPECT_NE(last["error"]["message"].get<std::string>().find(large ? "MiB a second" : "20 a second"),
+              std::string::npos)
+        << last.dump();
+    if (!large) {  // the burst was answered, the rest was not
+      EXPECT_GE(count(c.events, "session.updated"), static_cast<size_t>(ppx::server::kControlEventsBurst));
+      EXPECT_LT(count(c.events, "session.updated"), sent);
+    }
+    EXPECT_TRUE(wait_slots_free(port_));
+  }
+}
+
 TEST_F(RealtimeServerTest, RefusalsAreErrorEvents) {
   // A bad model name: an error event and a close.
   {

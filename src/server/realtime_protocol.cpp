@@ -152,6 +152,11 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
   if (n > kMaxClientEventBytes)
     return invalid("event_too_large", "client event of " + std::to_string(n) + " bytes; at most " +
                                           std::to_string(kMaxClientEventBytes) + " bytes");
+  const Clock::time_point now = Clock::now();
+  if (!client_bytes_.take(static_cast<double>(n), now))
+    return flood("client events arrive faster than " + std::to_string(static_cast<int>(kClientBytesPerSecond) >> 20) +
+                 " MiB a second (after a burst of " + std::to_string(static_cast<int>(kClientBytesBurst) >> 20) +
+                 " MiB)");
   if (too_deep(d, n)) return invalid("invalid_json", "client event nested too deeply");
   const Json j = Json::parse(d, d + n, nullptr, false);
   if (j.is_discarded() || !j.is_object())
@@ -162,6 +167,10 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
   if (!type_j || !type_j->is_string())
     return invalid("missing_required_parameter", "client event without a string 'type'", "type");
   const std::string type = type_j->get<std::string>();
+  if (type != "input_audio_buffer.append" && !control_events_.take(1, now))
+    return flood("events other than input_audio_buffer.append arrive faster than " +
+                 std::to_string(static_cast<int>(kControlEventsPerSecond)) + " a second (after a burst of " +
+                 std::to_string(static_cast<int>(kControlEventsBurst)) + ")");
 
   if (type == "input_audio_buffer.append") {
     const Json* a = member(j, "audio");
@@ -238,6 +247,11 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
   return invalid("unknown_event_type",
                  "unknown client event type '" + realtime::clip_utf8(type, kMaxEchoBytes) + "'",
                  "type");
+}
+
+bool RealtimeProtocol::flood(const std::string& why) {
+  core_->kill(SessionEnd::kSessionError, why);
+  return false;
 }
 
 void RealtimeProtocol::apply_session_update(const Json& s) {

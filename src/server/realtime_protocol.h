@@ -9,7 +9,9 @@
 // output into responses (see on_frame()). Session state shared by both sides is under mu_.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -24,6 +26,16 @@ inline constexpr size_t kMaxClientEventBytes = size_t{1} << 20;      // larger: 
 inline constexpr size_t kMaxRealtimeMessageBytes = size_t{4} << 20;  // larger: connection closed
 inline constexpr size_t kMaxServerEventBytes = size_t{256} << 10;
 inline constexpr int kMaxInvalidEvents = 100;  // error events before the session is ended
+// What a client may send, as a rate with a burst (RateBudget); more ends the session. Bytes: every
+// event up to kMaxClientEventBytes (parsing costs the connection's network thread ~5 ms a MiB);
+// real-time audio is 64 KiB/s of base64, and a client far ahead of real time meets
+// kMaxBufferedInputSamples first. Events other than `input_audio_buffer.append`: Pipecat sends one
+// per context message when a conversation starts, then a few a turn; each may cost a reply (a
+// `session.update` answers with the whole session).
+inline constexpr double kClientBytesPerSecond = 1 << 20;
+inline constexpr double kClientBytesBurst = 16 << 20;
+inline constexpr double kControlEventsPerSecond = 20;
+inline constexpr double kControlEventsBurst = 200;
 // Without a session.update the conversation starts with the defaults after this long.
 inline constexpr std::chrono::milliseconds kRealtimeStartWait{1000};
 // Audio sent before the conversation starts: the most recent second is kept (the model hears it
@@ -39,6 +51,26 @@ inline constexpr size_t kMaxBufferedInputSamples = 30 * 24000;
 inline constexpr float kSilenceRms = 0.003f;    // about -50 dBFS
 inline constexpr int kSilentFramesToClose = 6;  // 480 ms
 inline constexpr int kMaxSegmentFrames = 50;    // 4 s
+
+// A rate with a burst (a token bucket): take() succeeds while what was taken over any span of t
+// seconds stays within burst + rate x t.
+class RateBudget {
+ public:
+  RateBudget(double rate_per_s, double burst) : rate_(rate_per_s), burst_(burst), level_(burst) {}
+  using Clock = std::chrono::steady_clock;
+  bool take(double amount, Clock::time_point now) {
+    if (last_ != Clock::time_point{})
+      level_ = std::min(burst_, level_ + rate_ * std::chrono::duration<double>(now - last_).count());
+    last_ = now;
+    if (amount > level_) return false;
+    level_ -= amount;
+    return true;
+  }
+
+ private:
+  double rate_, burst_, level_;
+  Clock::time_point last_{};
+};
 
 class RealtimeProtocol final : public Protocol {
  public:
@@ -73,6 +105,7 @@ class RealtimeProtocol final : public Protocol {
   // that is an answer (`counts` false: retrieve of an unknown item) is not counted.
   bool invalid(const std::string& code, const std::string& message, const char* param = nullptr,
                bool counts = true);
+  bool flood(const std::string& why);  // strand side: ends the session (a client over its RateBudget); false
   void apply_session_update(const Json& session);  // under mu_
   void send_session(const char* type);
   // Worker side: response lifecycle.
@@ -85,6 +118,8 @@ class RealtimeProtocol final : public Protocol {
   std::string event_prefix_;
   std::string client_event_id_;  // strand only: event_id of the event being handled
   int invalid_events_ = 0;       // strand only
+  RateBudget client_bytes_{kClientBytesPerSecond, kClientBytesBurst};        // strand only
+  RateBudget control_events_{kControlEventsPerSecond, kControlEventsBurst};  // strand only
   std::atomic<bool> cancel_{false};
 
   std::mutex mu_;  // guards the session state below
