@@ -34,8 +34,8 @@ inline constexpr int kMaxInvalidEvents = 100;  // error events before the sessio
 // `session.update` answers with the whole session).
 inline constexpr double kClientBytesPerSecond = 1 << 20;
 inline constexpr double kClientBytesBurst = 16 << 20;
-inline constexpr double kControlEventsPerSecond = 20;
-inline constexpr double kControlEventsBurst = 200;
+inline constexpr double kControlEventsPerSecond = 50;
+inline constexpr double kControlEventsBurst = 1000;
 // Without a session.update the conversation starts with the defaults after this long.
 inline constexpr std::chrono::milliseconds kRealtimeStartWait{1000};
 // Audio sent before the conversation starts: the most recent second is kept (the model hears it
