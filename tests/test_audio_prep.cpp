@@ -213,6 +213,31 @@ TEST(AudioPrep, BadFilesThrowNamingTheFile) {
   const std::string short_file = test::scratch("prep_short.wav");
   write_wav_pcm16(short_file, 16000, sine(440, 0.5, 16000, 0.3));
   expect_error_naming([&] { prepare_voice_audio(short_file); }, "prep_short.wav");
+
+  // One sample at 96 kHz resamples to nothing (soxr once got a null output buffer: a crash).
+  EXPECT_TRUE(resample({0.5f}, 96000, 24000).empty());
+  const std::string one = test::scratch("prep_one_sample.wav");
+  write_wav_pcm16(one, 96000, {0.5f});
+  expect_error_naming([&] { prepare_voice_audio(one); }, "prep_one_sample.wav");
+  // Rates and lengths a voice cannot have are refused before resampling (a 1 Hz file of a few
+  // thousand samples took seconds of CPU to upsample).
+  const std::string slow = test::scratch("prep_1hz.wav");
+  write_wav_pcm16(slow, 1, std::vector<float>(2000, 0.1f));
+  expect_error_naming([&] { prepare_voice_audio(slow); }, "prep_1hz.wav");
+  try {
+    prepare_voice_audio(slow);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample rate 1 Hz"), std::string::npos) << e.what();
+  }
+  const std::string long_file = test::scratch("prep_long.wav");
+  write_wav_pcm16(long_file, kMinVoiceRateHz, std::vector<float>(static_cast<size_t>(kMinVoiceRateHz * (kMaxVoiceSeconds + 1)), 0.1f));
+  try {
+    prepare_voice_audio(long_file);
+    ADD_FAILURE() << "a voice over kMaxVoiceSeconds was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("s cap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("prep_long.wav"), std::string::npos) << e.what();
+  }
 }
 
 // ---- tokenizer ----

@@ -56,6 +56,12 @@ std::vector<float> normalize_loudness(const std::vector<float>& mono, int sample
 // Voice prompt files, audio or .pt embeddings, larger than this are refused before being read
 // (a real PersonaPlex voice .pt is a few MiB; 64 MiB is 23 minutes of 24 kHz 16-bit mono).
 inline constexpr uint64_t kMaxVoiceFileBytes = uint64_t{64} << 20;
+// Voice prompt audio: sample rates outside [kMinVoiceRateHz, kMaxVoiceRateHz] and durations over
+// kMaxVoiceSeconds (longer than any LM context: 3000 steps are 240 s) are refused before
+// resampling, which for a few samples at an extreme rate would take long or produce nothing.
+inline constexpr int kMinVoiceRateHz = 4000;
+inline constexpr int kMaxVoiceRateHz = 768000;
+inline constexpr double kMaxVoiceSeconds = 600;
 // Throws ppx::Error naming `path` and the cap when `path` is larger than kMaxVoiceFileBytes
 // (a missing or unreadable file is left to the reader to report).
 void check_voice_file_size(const std::string& path);
@@ -65,7 +71,8 @@ void check_voice_file_size(const std::string& path);
 // -24 LUFS with normalize_loudness at `sample_rate`, then zero-pad the end to a multiple of
 // `frame_samples` (nothing added when already a multiple). Throws ppx::Error naming the file when
 // it is larger than kMaxVoiceFileBytes (checked before reading), cannot be read or decoded,
-// holds no samples, or is shorter than 400 ms after resampling
+// holds no samples, has a sample rate or duration out of the bounds above, or is shorter than
+// 400 ms
 // (upstream's pyloudnorm raises "Audio must have length greater than the block size"). Silent
 // audio of 400 ms or more comes back as zeros (upstream would produce NaN samples).
 // Upstream normalises all channels together and pyloudnorm then rejects anything but mono

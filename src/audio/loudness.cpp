@@ -185,8 +185,17 @@ std::vector<float> prepare_voice_audio(const std::string& path, int sample_rate,
   }
   const Audio audio = read_audio(path);
   if (audio.frames() == 0) throw Error("voice prompt '" + path + "': no audio samples");
+  if (audio.sample_rate < kMinVoiceRateHz || audio.sample_rate > kMaxVoiceRateHz) {
+    throw Error("voice prompt '" + path + "': sample rate " + std::to_string(audio.sample_rate) + " Hz, outside the " +
+                std::to_string(kMinVoiceRateHz) + " to " + std::to_string(kMaxVoiceRateHz) + " Hz a voice may have");
+  }
+  const double seconds = static_cast<double>(audio.frames()) / audio.sample_rate;
+  if (seconds > kMaxVoiceSeconds) {
+    throw Error("voice prompt '" + path + "': " + std::to_string(std::lrint(seconds)) + " s long, over the " +
+                std::to_string(std::lrint(kMaxVoiceSeconds)) + " s cap (a voice prompt must fit the LM context)");
+  }
   std::vector<float> x = resample(take_channel(audio, 0), audio.sample_rate, sample_rate);
-  if (static_cast<double>(x.size()) < kBlockSeconds * sample_rate) {
+  if (seconds < kBlockSeconds || static_cast<double>(x.size()) < kBlockSeconds * sample_rate) {
     throw Error("voice prompt '" + path + "': " + std::to_string(x.size()) + " samples at " +
                 std::to_string(sample_rate) +
                 " Hz, shorter than the 400 ms needed to measure its loudness");

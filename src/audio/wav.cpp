@@ -59,6 +59,7 @@ std::vector<float> take_channel(const Audio& a, int ch) {
 std::vector<float> resample(const std::vector<float>& x, int from_hz, int to_hz) {
   if (from_hz == to_hz || x.empty()) return x;
   const size_t out_len = static_cast<size_t>(std::llround(static_cast<double>(x.size()) * to_hz / from_hz));
+  if (out_len == 0) return {};  // a few samples at a far higher rate (soxr would get no output buffer)
   std::vector<float> y(out_len);
   size_t done = 0;
   const soxr_quality_spec_t q = soxr_quality_spec(SOXR_VHQ, 0);
