@@ -167,6 +167,15 @@ TEST(Sampling, GreedyTopKAndSeeds) {
   }
   EXPECT_EQ(counts[0] + counts[3] + counts[4], 0);  // outside the top 2
   EXPECT_NEAR(counts[1] / 2000.0, 0.5, 0.05);
+  // Temperatures that are 0 as a float, or small enough that logits / t overflow, sample
+  // greedily (they gave NaN probabilities and a constant token).
+  const float m[5] = {0.f, 1.f, 5.f, -1.f, 2.f};
+  for (const double t : {1e-300, 4.9e-324, 1e-45, 1e-38}) {
+    c.temp = t;
+    c.top_k = 0;
+    Sampler tiny(c, 7);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(tiny.audio(0, m, 5), 2) << t;
+  }
 }
 
 // voice_tiny_a.pt holds the session's voice prompt the upstream way (embeddings of the 5 model

@@ -28,11 +28,14 @@ int Sampler::text(const float* logits, int n) { return sample(logits, n, temp_te
 int Sampler::audio(int, const float* logits, int n) { return sample(logits, n, temp_, top_k_); }
 
 int Sampler::sample(const float* logits, int n, double temp, int top_k) {
-  if (!use_sampling_ || temp <= 0.0) return argmax(logits, n);
-  probs_.resize(n);
+  // Greedy at temperature 0, also where the temperature is 0 as a float (as the CUDA sampler) or
+  // so small that logits / t overflow: the limit of sampling as t -> 0 (NaN probabilities else).
   const float t = static_cast<float>(temp);
+  if (!use_sampling_ || !(t > 0.f)) return argmax(logits, n);
+  probs_.resize(n);
   float mx = -INFINITY;
   for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i] / t);
+  if (!std::isfinite(mx)) return argmax(logits, n);
   float sum = 0.f;
   for (int i = 0; i < n; ++i) sum += (probs_[i] = std::exp(logits[i] / t - mx));
   for (int i = 0; i < n; ++i) probs_[i] /= sum;
