@@ -214,6 +214,13 @@ class Client {
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().close(ec);
   }
+  // A WebSocket close frame (code 1000) written on the socket by hand; the socket stays open and
+  // nothing more is read (a client that never completes the TCP teardown).
+  void send_close_frame_only() {
+    const uint8_t frame[] = {0x88, 0x82, 0x01, 0x02, 0x03, 0x04, 0x03 ^ 0x01, 0xE8 ^ 0x02};
+    beast::error_code ec;
+    net::write(beast::get_lowest_layer(ws_).socket(), net::buffer(frame), ec);
+  }
   void reset() {  // vanish abruptly: the peer sees a TCP reset (RST), not a FIN
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().set_option(net::socket_base::linger(true, 0), ec);

@@ -250,6 +250,35 @@ std::string raw_exchange(uint16_t port, const std::string& bytes) {
   return out;
 }
 
+// A close frame frees the slot at once, also when the client does not close TCP after it (the
+// read that sees the close completes only after the teardown: half the idle timeout, 5 s here).
+TEST_F(ServerTest, CloseFrameFreesTheSlotAtOnce) {
+  start(1, 10.0);
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  c.run({}, 0ms, [](const Exchange& e) { return e.handshake; }, 10s);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.send_close_frame_only();
+  EXPECT_TRUE(wait_slots_free(port_, 2s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  c.drop();
+}
+
+// Audio far ahead of real time: past 30 s of decoded backlog the session ends as an overflow
+// (was: "bad audio stream", as if the audio were broken).
+TEST_F(ServerTest, AudioFarAheadOfRealTimeIsAnOverflow) {
+  std::vector<float> pcm(static_cast<size_t>(36 * 24000));
+  for (size_t i = 0; i < pcm.size(); ++i) pcm[i] = 0.1f * std::sin(0.05f * static_cast<float>(i));
+  Client c;
+  ASSERT_TRUE(c.connect(port_, chat()));
+  const Exchange ex = c.run(audio_messages(pcm), 0ms, [](const Exchange& e) { return !e.errors.empty(); }, 60s);
+  ASSERT_FALSE(ex.errors.empty());
+  EXPECT_NE(ex.errors.front().find("faster than real time"), std::string::npos) << ex.errors.front();
+  c.drop();
+  EXPECT_TRUE(wait_slots_free(port_));
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_sessions_ended_total{reason=\"input_overflow\"}"), 1.0);
+}
+
 // A malformed or oversized request head is answered with its status (not a silent close), and
 // the server serves on.
 TEST_F(ServerTest, MalformedRequestsGetAStatus) {

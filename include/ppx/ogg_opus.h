@@ -278,6 +278,8 @@ class OggOpusReader {
   size_t errors() const { return errors_; }
   bool failed() const { return failed_; }
   const std::string& error() const { return error_; }  // empty unless failed()
+  // failed() because decoded PCM exceeded max_buffered_samples (audio faster than it is read).
+  bool overflowed() const { return overflowed_; }
 
   uint64_t pages() const { return pages_; }      // valid pages accepted, all streams
   uint64_t packets() const { return packets_; }  // audio packets decoded
@@ -333,7 +335,7 @@ class OggOpusReader {
 
   size_t errors_ = 0;
   uint64_t pages_ = 0, packets_ = 0;
-  bool failed_ = false;
+  bool failed_ = false, overflowed_ = false;
   std::string error_;
 };
 

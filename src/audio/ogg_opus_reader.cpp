@@ -273,6 +273,7 @@ void OggOpusReader::on_packet(const uint8_t* data, size_t n) {
   }
   ++packets_;
   if (available() + static_cast<size_t>(got) > max_buffered_samples_) {
+    overflowed_ = true;
     fail("Ogg Opus reader: more than " + std::to_string(max_buffered_samples_) +
          " decoded samples waiting to be read");
     return;

@@ -143,6 +143,12 @@ bool ChatProtocol::ready(Clock::time_point now, SessionParams& p) {
 
 bool ChatProtocol::decode(const std::vector<uint8_t>& chunk, SessionEnd& why, std::string& detail) {
   reader_->push(chunk.data(), chunk.size());
+  if (reader_->overflowed()) {  // as /v1/realtime says it
+    why = SessionEnd::kInputOverflow;
+    detail = "audio arrives faster than real time (more than " +
+             std::to_string(OggOpusReader::kDefaultMaxBufferedSamples / static_cast<size_t>(hub_.model.sample_rate)) + " s waiting)";
+    return false;
+  }
   if (reader_->failed()) {
     why = SessionEnd::kBadAudio;
     detail = "bad audio stream: " + reader_->error();

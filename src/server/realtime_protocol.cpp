@@ -149,14 +149,14 @@ bool RealtimeProtocol::invalid(const std::string& code, const std::string& messa
 
 bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
   client_event_id_.clear();
-  if (n > kMaxClientEventBytes)
-    return invalid("event_too_large", "client event of " + std::to_string(n) + " bytes; at most " +
-                                          std::to_string(kMaxClientEventBytes) + " bytes");
   const Clock::time_point now = Clock::now();
-  if (!client_bytes_.take(static_cast<double>(n), now))
+  if (!client_bytes_.take(static_cast<double>(n), now))  // every event read, parsed or not
     return flood("client events arrive faster than " + std::to_string(static_cast<int>(kClientBytesPerSecond) >> 20) +
                  " MiB a second (after a burst of " + std::to_string(static_cast<int>(kClientBytesBurst) >> 20) +
                  " MiB)");
+  if (n > kMaxClientEventBytes)
+    return invalid("event_too_large", "client event of " + std::to_string(n) + " bytes; at most " +
+                                          std::to_string(kMaxClientEventBytes) + " bytes");
   if (too_deep(d, n)) return invalid("invalid_json", "client event nested too deeply");
   const Json j = Json::parse(d, d + n, nullptr, false);
   if (j.is_discarded() || !j.is_object())
@@ -226,8 +226,8 @@ bool RealtimeProtocol::on_message(const uint8_t* d, size_t n) {
     if (type == "conversation.item.truncate") {
       const Json* ci = member(j, "content_index");
       const Json* ms = member(j, "audio_end_ms");
-      ev["content_index"] = ci && ci->is_number_integer() ? ci->get<int64_t>() : 0;
-      ev["audio_end_ms"] = ms && ms->is_number_integer() ? ms->get<int64_t>() : 0;
+      ev["content_index"] = ci && ci->is_number_integer() ? *ci : Json(0);  // echoed as sent
+      ev["audio_end_ms"] = ms && ms->is_number_integer() ? *ms : Json(0);
     }
     emit(ev);
     return true;

@@ -124,6 +124,12 @@ class WsSession final : public SessionCore {
     ws_.set_option(t);
     ws_.read_message_max(protocol().max_message_bytes());
     ws_.binary(!protocol().text_frames());
+    // A close frame ends the session at once: the read that saw it completes only after the TCP
+    // teardown, which waits for the client's FIN (up to half the idle timeout), and the slot would
+    // stay taken meanwhile.
+    ws_.control_callback([this](websocket::frame_type kind, beast::string_view) {
+      if (kind == websocket::frame_type::close) kill(SessionEnd::kClientLeft, "the client closed the WebSocket");
+    });
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().set_option(tcp::no_delay(true), ec);
     const std::string target(req.target());
@@ -152,7 +158,8 @@ class WsSession final : public SessionCore {
   }
 
   void on_read(beast::error_code ec, size_t n) {
-    if (ec) return kill(SessionEnd::kClientLeft);
+    // Logged (the client is gone or broke the protocol: WebSocket 1002, 1007, 1009, ...).
+    if (ec) return kill(SessionEnd::kClientLeft, "connection: " + ec.message());
     try {
       const auto* d = static_cast<const uint8_t*>(rbuf_.data().data());
       const bool more = protocol().on_message(d, n);
@@ -176,7 +183,8 @@ class WsSession final : public SessionCore {
   void push_out(Out o) {
     if (closing_) return;
     if (out_.size() >= kMaxQueuedOutput) {  // the client does not read: drop it
-      kill(SessionEnd::kClientLeft);
+      kill(SessionEnd::kClientLeft,
+           "the client stopped reading (" + std::to_string(kMaxQueuedOutput) + " messages waiting)");
       closing_ = true;
       beast::error_code ec;
       beast::get_lowest_layer(ws_).socket().close(ec);
@@ -201,7 +209,7 @@ class WsSession final : public SessionCore {
                       self->writing_ = false;
                       if (ec) {
                         self->closing_ = true;
-                        return self->kill(SessionEnd::kClientLeft);
+                        return self->kill(SessionEnd::kClientLeft, "connection: write failed: " + ec.message());
                       }
                       self->out_.pop_front();
                       self->pump();
@@ -301,7 +309,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const auto auth = req.find(http::field::authorization);
     if (auth != req.end()) {
       const std::string v(auth->value());
-      if (v.size() > 7 && v.compare(0, 7, "Bearer ") == 0 && same_secret(v.substr(7), key))
+      // The scheme is case-insensitive (RFC 9110 11.1).
+      if (v.size() > 7 && beast::iequals(std::string_view(v).substr(0, 7), "Bearer ") && same_secret(v.substr(7), key))
         return true;
     }
     const auto q = parse_query(query);
