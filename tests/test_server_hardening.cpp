@@ -370,6 +370,8 @@ TEST_F(ServerTest, ApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(status, 200);
   http_get(port_, "/api/voices", &status, {{"Authorization", "Bearer s3cret key"}});
   EXPECT_EQ(status, 200);
+  http_get(port_, "/api/voices", &status, {{"Authorization", "bEARER s3cret key"}});  // RFC 9110 11.1
+  EXPECT_EQ(status, 200);
   for (const auto& [target, headers] :
        std::vector<std::pair<std::string, Headers>>{{chat(), {}},
                                                     {chat("&api_key=wrong"), {}},
