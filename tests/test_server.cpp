@@ -70,6 +70,14 @@ TEST(HttpUtil, WebSocketKeyIsSixteenBytesOfBase64) {
     EXPECT_FALSE(ppx::server::valid_websocket_key(bad)) << bad;
 }
 
+TEST(HttpUtil, WebSocketProtocolsAreTrimmedTokens) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ppx::server::websocket_protocols(""), V{});
+  EXPECT_EQ(ppx::server::websocket_protocols("realtime"), V{"realtime"});
+  EXPECT_EQ(ppx::server::websocket_protocols(" realtime ,\topenai-insecure-api-key.k, ,openai-beta.realtime-v1,"),
+            (V{"realtime", "openai-insecure-api-key.k", "openai-beta.realtime-v1"}));
+}
+
 TEST_F(ServerTest, StaticFilesStayInsideTheirDirectory) {
   const std::string root = *voice_dir_ + "/www";
   fs::create_directories(root + "/assets");

@@ -598,6 +598,28 @@ TEST_F(RealtimeServerTest, RefusalsAreErrorEvents) {
     EXPECT_EQ(k.events[0].type(), "session.created");
     k.drop();
   }
+  // A browser's way (OpenAI's browser clients cannot set headers): the key and the beta flag as
+  // subprotocols; the server selects `realtime`, as a browser requires.
+  const Headers browser = {
+      {"Sec-WebSocket-Protocol", "realtime, openai-insecure-api-key.sekret , openai-beta.realtime-v1"}};
+  EXPECT_TRUE(wait_slots_free(port_));
+  {
+    const auto res = upgrade_response(port_, target(), browser);
+    EXPECT_EQ(res.result_int(), 101);
+    EXPECT_EQ(res[http::field::sec_websocket_protocol], "realtime");
+  }
+  EXPECT_TRUE(wait_slots_free(port_));
+  EXPECT_EQ(upgrade_status(port_, target(), {{"Sec-WebSocket-Protocol", "realtime, openai-insecure-api-key.wrong"}}),
+            401);
+  {
+    RtClient b;
+    ASSERT_TRUE(b.connect(port_, target(), browser));
+    b.run([](RtClient&, const RtEvent& e) { return e.type() == "session.created"; }, 5s);
+    ASSERT_FALSE(b.events.empty());
+    EXPECT_EQ(b.events[0].type(), "session.created");
+    EXPECT_TRUE(b.events[0].j["session"].contains("modalities")) << b.events[0].j.dump();  // beta shape
+    b.drop();
+  }
   // Last: a session holds the only slot a moment after its client left (an upgrade gets 503 then).
   EXPECT_TRUE(wait_slots_free(port_));
   EXPECT_EQ(upgrade_status(port_, target("model=m&api_key=sekret")), 101);

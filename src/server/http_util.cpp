@@ -166,4 +166,17 @@ bool valid_websocket_key(std::string_view key) {
   return true;
 }
 
+std::vector<std::string> websocket_protocols(std::string_view header) {
+  std::vector<std::string> out;
+  while (!header.empty()) {
+    const size_t comma = header.find(',');
+    std::string_view t = header.substr(0, comma);
+    header = comma == std::string_view::npos ? std::string_view() : header.substr(comma + 1);
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+    if (!t.empty()) out.emplace_back(t);
+  }
+  return out;
+}
+
 }  // namespace ppx::server

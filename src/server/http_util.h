@@ -39,4 +39,8 @@ std::string content_type(const std::string& path);
 // last with no bits past the 16 bytes, then "==").
 bool valid_websocket_key(std::string_view key);
 
+// The subprotocols a Sec-WebSocket-Protocol header offers: its comma-separated tokens, without
+// the white space around them, empty ones left out (RFC 6455 4.1).
+std::vector<std::string> websocket_protocols(std::string_view header);
+
 }  // namespace ppx::server

@@ -115,7 +115,13 @@ class WsSession final : public SessionCore {
   }
   ~WsSession() override { --hub_->websockets; }
 
-  void start(const http::request<http::string_body>& req) {
+  // `subprotocol`: the Sec-WebSocket-Protocol the server selects ("" for none).
+  void start(const http::request<http::string_body>& req, const std::string& subprotocol) {
+    if (!subprotocol.empty()) {
+      ws_.set_option(websocket::stream_base::decorator([subprotocol](websocket::response_type& r) {
+        r.set(http::field::sec_websocket_protocol, subprotocol);
+      }));
+    }
     websocket::stream_base::timeout t{};
     t.handshake_timeout = kHandshakeTimeout;
     t.idle_timeout = std::chrono::milliseconds(
@@ -303,9 +309,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
   }
 
   // The API key from `api_key=` in the query or an `Authorization: Bearer` header.
-  bool authorized(const http::request<http::string_body>& req, const std::string& query) const {
+  // `protocol_key`: a key offered as the subprotocol openai-insecure-api-key.KEY ("" for none).
+  bool authorized(const http::request<http::string_body>& req, const std::string& query,
+                  const std::string& protocol_key = "") const {
     const std::string& key = hub_->opts.api_key;
     if (key.empty()) return true;
+    if (!protocol_key.empty() && same_secret(protocol_key, key)) return true;
     const auto auth = req.find(http::field::authorization);
     if (auth != req.end()) {
       const std::string v(auth->value());
@@ -348,7 +357,23 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
       }
-      if (!authorized(req, query)) return unauthorized(req);
+      // Browsers cannot set headers on a WebSocket: OpenAI's browser clients offer the subprotocols
+      // `realtime`, `openai-insecure-api-key.KEY` and `openai-beta.realtime-v1` instead (the
+      // server selects `realtime`, which a browser requires once it offered any).
+      std::string subprotocol, protocol_key;
+      bool beta_protocol = false;
+      if (path == "/v1/realtime") {
+        constexpr std::string_view kKeyProtocol = "openai-insecure-api-key.";
+        for (const std::string& p : websocket_protocols(req[http::field::sec_websocket_protocol])) {
+          if (p == "realtime")
+            subprotocol = p;
+          else if (p.starts_with(kKeyProtocol))
+            protocol_key = p.substr(kKeyProtocol.size());
+          else if (p == "openai-beta.realtime-v1")
+            beta_protocol = true;
+        }
+      }
+      if (!authorized(req, query, protocol_key)) return unauthorized(req);
       // Refused before the upgrade (HTTP 503 + Retry-After) while draining or full, so that a
       // load balancer can try another server. A slot taken between this check and the session's
       // start (a race) still gets the after-upgrade busy error (SessionCore::begin).
@@ -371,11 +396,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       } else {
         const auto beta = req.find("OpenAI-Beta");
         protocol = std::make_unique<RealtimeProtocol>(
-            *hub_, beta != req.end() && beta->value().find("realtime=v1") != std::string::npos);
+            *hub_, beta_protocol || (beta != req.end() && beta->value().find("realtime=v1") != std::string::npos));
       }
       std::make_shared<WsSession<Stream>>(hub_, std::move(protocol), std::move(stream_),
                                           std::move(conn_))
-          ->start(req);
+          ->start(req, subprotocol);
       return;
     }
     if (req.method() != http::verb::get && req.method() != http::verb::head)
