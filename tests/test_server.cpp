@@ -251,8 +251,31 @@ TEST_F(ServerTest, RapidConnectDisconnect) {
   }
   EXPECT_GE(connected, 1);
   const std::string m = http_get(port_, "/metrics");
-  // Each refused upgrade counts as busy (and so may a connected client that lost the slot race).
+  // Each refused upgrade counts as busy.
   EXPECT_GE(metric(m, "personaplex_rejected_total{reason=\"busy\"}"), 50.0 - connected) << m;
+  expect_healthy();
+}
+
+// Two upgrades at the same moment for the last slot: one gets 101, the other HTTP 503 (the slot
+// is reserved at the busy check), never both 101 with a busy error after the upgrade.
+TEST_F(ServerTest, SimultaneousUpgradesForTheLastSlot) {
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> ready{0};
+    int status[2] = {0, 0};
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i)
+      t.emplace_back([&, i] {
+        ++ready;
+        while (ready.load() < 2) {
+        }
+        status[i] = upgrade_status(port_, chat());
+      });
+    for (auto& th : t) th.join();
+    EXPECT_EQ(std::min(status[0], status[1]), 101) << round;
+    EXPECT_EQ(std::max(status[0], status[1]), 503) << round;
+    ASSERT_TRUE(wait_slots_free(port_));
+    std::this_thread::sleep_for(20ms);
+  }
   expect_healthy();
 }
 

@@ -517,7 +517,7 @@ TEST_F(ServerTest, MetricLabelsAreAFixedSet) {
   EXPECT_EQ(m.find("5000"), std::string::npos);
 }
 
-// A rejection after the upgrade (here a bad request; the busy error of the slot race takes the
+// A rejection after the upgrade (here a bad request; a drain begun during the upgrade takes the
 // same path) reaches the client as 0x05 before the close even when the client is sending.
 TEST_F(ServerTest, RejectionArrivesBeforeTheCloseWhileTheClientSends) {
   std::vector<std::vector<uint8_t>> burst(64, msg(0x01, std::vector<uint8_t>(16384, 7)));

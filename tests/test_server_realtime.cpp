@@ -569,8 +569,8 @@ TEST_F(RealtimeServerTest, RefusalsAreErrorEvents) {
     EXPECT_EQ(c.events[0].j["error"]["code"], "bad_request");
   }
   // Busy: the only slot is taken by another realtime session. The upgrade is refused before it
-  // happens (HTTP 503 + Retry-After, tests/test_server.cpp); a `busy` error event is only the
-  // answer to the race of the last slot taken between that check and the session's start.
+  // happens (HTTP 503 + Retry-After, tests/test_server.cpp; the check reserves the slot, so two
+  // upgrades at once cannot both pass it).
   RtClient a;
   ASSERT_TRUE(a.connect(port_, target()));
   a.run([](RtClient&, const RtEvent& e) { return e.type() == "session.created"; }, 5s);

@@ -107,10 +107,11 @@ template <class Stream>
 class WsSession final : public SessionCore {
  public:
   WsSession(std::shared_ptr<SessionHub> hub, std::unique_ptr<Protocol> protocol, Stream&& s,
-            ConnectionSlot conn)
+            ConnectionSlot conn, SlotReservation reservation)
       : SessionCore(std::move(hub), std::move(protocol)),
         conn_(std::move(conn)),
         ws_(std::move(s)) {
+    reservation_ = std::move(reservation);
     ++hub_->websockets;
   }
   ~WsSession() override { --hub_->websockets; }
@@ -382,7 +383,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         return refuse(req, why.rfind("device", 0) == 0 ? "device_failed" : "draining",
                       "server unavailable: " + why, kRetryAfterDrainingS);
       }
-      if (hub_->sessions_in_use() >= hub_->opts.max_sessions) {
+      SlotReservation reservation(hub_);
+      if (!reservation) {
         hub_->metrics.rejected(Rejection::kBusy);
         return refuse(req, "busy",
                       "server busy: all " + std::to_string(hub_->opts.max_sessions) +
@@ -399,7 +401,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
             *hub_, beta_protocol || (beta != req.end() && beta->value().find("realtime=v1") != std::string::npos));
       }
       std::make_shared<WsSession<Stream>>(hub_, std::move(protocol), std::move(stream_),
-                                          std::move(conn_))
+                                          std::move(conn_), std::move(reservation))
           ->start(req, subprotocol);
       return;
     }

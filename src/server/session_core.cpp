@@ -48,9 +48,11 @@ std::string text_piece(const TextTokenizer& tok, int64_t token) {
   return text;
 }
 
-int SessionHub::acquire_slot(const std::shared_ptr<SessionCore>& s) {
+int SessionHub::acquire_slot(const std::shared_ptr<SessionCore>& s, bool with_reservation) {
   std::lock_guard<std::mutex> lk(mu);
+  if (with_reservation) --reserved;
   if (stopping || draining || !device_error.empty()) return -2;
+  if (!with_reservation && in_use + reserved >= static_cast<int>(slot_used.size())) return -1;
   for (size_t i = 0; i < slot_used.size(); ++i) {
     if (!slot_used[i]) {
       slot_used[i] = true;
@@ -80,6 +82,18 @@ void SessionHub::start_worker(int slot, std::function<void()> body) {
     release_slot(slot);
     throw;
   }
+}
+
+bool SessionHub::reserve_slot() {
+  std::lock_guard<std::mutex> lk(mu);
+  if (in_use + reserved >= static_cast<int>(slot_used.size())) return false;
+  ++reserved;
+  return true;
+}
+
+void SessionHub::unreserve_slot() {
+  std::lock_guard<std::mutex> lk(mu);
+  --reserved;
 }
 
 void SessionHub::release_slot(int slot) {
@@ -158,10 +172,15 @@ SessionEnd SessionCore::killed(std::string& detail) {
 void SessionCore::begin(const std::string& query) {
   try {
     const std::string err = protocol_->prepare(query);
-    if (!err.empty()) return reject(Rejection::kBadRequest, err);
-    const int slot = hub_->acquire_slot(shared_from_this());
-    // Full or draining upgrades are refused with HTTP 503 before they happen (server.cpp); these
-    // two answer the race of a slot taken (or a drain begun) since that check.
+    if (!err.empty()) {
+      reservation_.release();
+      return reject(Rejection::kBadRequest, err);
+    }
+    const bool reserved = static_cast<bool>(reservation_);
+    reservation_.consumed();
+    const int slot = hub_->acquire_slot(shared_from_this(), reserved);
+    // Full or draining upgrades are refused with HTTP 503 before they happen (server.cpp, which
+    // reserves the slot); these two answer a drain begun since, or a session without a reservation.
     if (slot == -1)
       return reject(
           Rejection::kBusy,

@@ -159,6 +159,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void reject(Rejection why, const std::string& message);
 
   std::shared_ptr<SessionHub> hub_;
+  // The slot promised by the upgrade's busy check (server.cpp), taken or given back by begin().
+  SlotReservation reservation_;
 
  private:
   using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;

@@ -92,6 +92,7 @@ struct SessionHub {
   // The worker thread of each slot (a session's prompt phase), joined on reuse and on stop.
   std::vector<std::thread> slot_threads;
   int in_use = 0;
+  int reserved = 0;  // slots promised to upgrades that have not taken theirs yet
   int workers = 0;  // sessions that have not ended yet (their slot is released as they end)
   bool draining = false, stopping = false, stopped = false;
   std::string device_error;  // non-empty once the device failed
@@ -99,7 +100,12 @@ struct SessionHub {
 
   // Takes a free slot and registers `s` as a live session with a running worker, in one step (so
   // that stop() cannot miss it). Returns the slot, or -1 (all taken), -2 (draining or stopping).
-  int acquire_slot(const std::shared_ptr<SessionCore>& s);
+  // `reserved`: the session holds a SlotReservation, which this call consumes whatever it returns.
+  int acquire_slot(const std::shared_ptr<SessionCore>& s, bool reserved);
+  // A slot promised to an upgrade that passed the busy check (SlotReservation): false when the
+  // sessions in use and the promised slots already fill every slot.
+  bool reserve_slot();
+  void unreserve_slot();
   // Starts the slot's worker thread (joining the slot's previous, finished one first). On failure
   // (thread creation) releases the slot and rethrows.
   void start_worker(int slot, std::function<void()> body);
@@ -127,6 +133,37 @@ class ConnectionSlot {
   ConnectionSlot(ConnectionSlot&& o) noexcept : hub_(std::move(o.hub_)) {}
   ConnectionSlot& operator=(ConnectionSlot&&) = delete;
   ConnectionSlot(const ConnectionSlot&) = delete;
+
+ private:
+  std::shared_ptr<SessionHub> hub_;
+};
+
+// A slot promised to a WebSocket upgrade from the busy check (before the 101) until its session
+// takes it (SessionHub::acquire_slot) or gives up: two upgrades at once cannot both pass the
+// check for the one free slot, so a full server answers HTTP 503 (which a load balancer retries)
+// rather than a busy error after the upgrade.
+class SlotReservation {
+ public:
+  SlotReservation() = default;
+  explicit SlotReservation(std::shared_ptr<SessionHub> hub) {
+    if (hub->reserve_slot()) hub_ = std::move(hub);
+  }
+  ~SlotReservation() { release(); }
+  SlotReservation(SlotReservation&& o) noexcept : hub_(std::move(o.hub_)) {}
+  SlotReservation& operator=(SlotReservation&& o) noexcept {
+    if (this != &o) {
+      release();
+      hub_ = std::move(o.hub_);
+    }
+    return *this;
+  }
+  SlotReservation(const SlotReservation&) = delete;
+  explicit operator bool() const { return hub_ != nullptr; }
+  void release() {  // the promise is given back
+    if (hub_) hub_->unreserve_slot();
+    hub_.reset();
+  }
+  void consumed() { hub_.reset(); }  // acquire_slot took it
 
  private:
   std::shared_ptr<SessionHub> hub_;
