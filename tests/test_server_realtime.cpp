@@ -558,6 +558,34 @@ TEST_F(RealtimeServerTest, EventFloodsEndTheSession) {
   }
 }
 
+// A client that streams audio but never reads: once the socket buffers fill, a write that waits
+// longer than the stall limit (10 s, or the idle timeout if longer) ends the session and frees its
+// slot (was: only at 1024 queued messages, ~80 s here, and ~18 minutes for /api/chat).
+TEST_F(RealtimeServerTest, ClientThatStopsReadingIsDropped) {
+  net::io_context ioc;
+  websocket::stream<beast::tcp_stream> ws(ioc);
+  beast::get_lowest_layer(ws).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  ws.text(true);
+  ws.handshake("127.0.0.1:" + std::to_string(port_), target());
+  const std::vector<float> silence(1920, 0.01f);
+  const std::vector<uint8_t> b = pcm16(silence);
+  const std::string append = append_event(b.data(), b.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  bool freed = false;
+  for (int i = 0; i < 60 * 12 && !freed; ++i) {  // real time, at most 60 s; nothing is read
+    beast::error_code ec;
+    ws.write(net::buffer(append), ec);
+    if (ec) break;  // the server closed
+    std::this_thread::sleep_until(t0 + 80ms * (i + 1));
+    if (i % 12 == 0) freed = nlohmann::json::parse(http_get(port_, "/health"))["sessions_in_use"] == 0 && i > 0;
+  }
+  EXPECT_TRUE(wait_slots_free(port_, 5s));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(s, 10.0);
+  EXPECT_LT(s, 40.0);
+  beast::get_lowest_layer(ws).close();
+}
+
 TEST_F(RealtimeServerTest, RefusalsAreErrorEvents) {
   // A bad model name: an error event and a close.
   {

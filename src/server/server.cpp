@@ -40,6 +40,13 @@ using tcp = net::ip::tcp;
 namespace {
 
 constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
+// A WebSocket's kernel send buffer (Linux doubles it). Small, so that a client that stops reading
+// fills it in seconds and its write stalls (the 4 MiB the kernel would grow it to hold 17 minutes
+// of /api/chat output); 64 KiB still moves realtime's 64 KB/s of audio over a 1 s round trip.
+constexpr int kWsSendBuffer = 64 * 1024;
+// A write that has not completed for this long (or --idle-timeout, if longer) means the client
+// stopped reading: the session ends.
+constexpr auto kMinStalledWrite = std::chrono::seconds(10);
 // Request head limit: large enough that an oversized text_prompt (4096 bytes, up to 3x that
 // percent-encoded) reaches the prompt check and its clear error message instead of failing the
 // HTTP parse; small enough that no header value reaches Beast's own limit of a field (64 KiB),
@@ -139,6 +146,9 @@ class WsSession final : public SessionCore {
     });
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().set_option(tcp::no_delay(true), ec);
+    beast::get_lowest_layer(ws_).socket().set_option(net::socket_base::send_buffer_size(kWsSendBuffer), ec);
+    stalled_write_ = std::max<std::chrono::steady_clock::duration>(
+        kMinStalledWrite, std::chrono::milliseconds(static_cast<int64_t>(hub_->opts.idle_timeout_s * 1000)));
     const std::string target(req.target());
     const size_t qpos = target.find('?');
     const std::string query = qpos == std::string::npos ? "" : target.substr(qpos + 1);
@@ -189,9 +199,12 @@ class WsSession final : public SessionCore {
 
   void push_out(Out o) {
     if (closing_) return;
-    if (out_.size() >= kMaxQueuedOutput) {  // the client does not read: drop it
+    const bool stalled = writing_ && std::chrono::steady_clock::now() - write_started_ > stalled_write_;
+    if (out_.size() >= kMaxQueuedOutput || stalled) {  // the client does not read: drop it
       kill(SessionEnd::kClientLeft,
-           "the client stopped reading (" + std::to_string(kMaxQueuedOutput) + " messages waiting)");
+           stalled ? "the client stopped reading (a write waited " +
+                         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stalled_write_).count()) + " s)"
+                   : "the client stopped reading (" + std::to_string(kMaxQueuedOutput) + " messages waiting)");
       closing_ = true;
       beast::error_code ec;
       beast::get_lowest_layer(ws_).socket().close(ec);
@@ -211,6 +224,7 @@ class WsSession final : public SessionCore {
       return;
     }
     writing_ = true;
+    write_started_ = std::chrono::steady_clock::now();
     ws_.async_write(net::buffer(out_.front().data),
                     [self = self_ptr()](beast::error_code ec, size_t) {
                       self->writing_ = false;
@@ -228,6 +242,8 @@ class WsSession final : public SessionCore {
   beast::flat_buffer rbuf_;
   std::deque<Out> out_;  // strand only, like the flags
   bool writing_ = false, closing_ = false;
+  std::chrono::steady_clock::time_point write_started_;  // of the write in flight
+  std::chrono::steady_clock::duration stalled_write_{};
 };
 
 // One plain HTTP request on a fresh connection (no keep-alive), or the upgrade to /api/chat or
