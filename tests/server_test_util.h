@@ -93,7 +93,8 @@ inline double metric(const std::string& metrics, const std::string& series) {
 inline bool wait_slots_free(uint16_t port, std::chrono::milliseconds limit = 10s) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
-    if (nlohmann::json::parse(http_get(port, "/health"))["sessions_in_use"] == 0) return true;
+    const auto h = nlohmann::json::parse(http_get(port, "/health"));
+    if (h["sessions_in_use"] == 0 && h.value("sessions_starting", 0) == 0) return true;
     std::this_thread::sleep_for(20ms);
   }
   return false;

@@ -540,7 +540,8 @@ TEST_F(RealtimeServerTest, EventFloodsEndTheSession) {
     c.run(
         [&](RtClient& cl, const RtEvent& e) {
           if (e.type() == "session.created") {
-            const size_t n = large ? 40 : static_cast<size_t>(ppx::server::kControlEventsBurst) + 100;
+            // Large: 64 MB, so that a server parsing at only ~1.4 MB/s (sanitizers) still trips it.
+            const size_t n = large ? 64 : static_cast<size_t>(ppx::server::kControlEventsBurst) + 100;
             for (; sent < n; ++sent)
               cl.send(large ? big : std::string(R"({"type":"response.create"})"));  // no answer: no output queue
           }
@@ -572,7 +573,7 @@ TEST_F(RealtimeServerTest, ClientThatStopsReadingIsDropped) {
   const std::string append = append_event(b.data(), b.size());
   const auto t0 = std::chrono::steady_clock::now();
   bool freed = false;
-  for (int i = 0; i < 60 * 12 && !freed; ++i) {  // real time, at most 60 s; nothing is read
+  for (int i = 0; i < 50 * 12 && !freed; ++i) {  // real time, at most 50 s; nothing is read
     beast::error_code ec;
     ws.write(net::buffer(append), ec);
     if (ec) break;  // the server closed
@@ -582,7 +583,9 @@ TEST_F(RealtimeServerTest, ClientThatStopsReadingIsDropped) {
   EXPECT_TRUE(wait_slots_free(port_, 5s));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GT(s, 10.0);
-  EXPECT_LT(s, 40.0);
+  EXPECT_LT(s, 50.0);
+  // Dropped for not reading (not, say, for audio piling up on a slow machine: input_overflow).
+  EXPECT_EQ(metric(http_get(port_, "/metrics"), "personaplex_sessions_ended_total{reason=\"client_left\"}"), 1.0);
   beast::get_lowest_layer(ws).close();
 }
 

@@ -2,7 +2,10 @@
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -40,10 +43,11 @@ using tcp = net::ip::tcp;
 namespace {
 
 constexpr size_t kMaxQueuedOutput = 1024;  // messages the client has not taken
-// A WebSocket's kernel send buffer (Linux doubles it). Small, so that a client that stops reading
-// fills it in seconds and its write stalls (the 4 MiB the kernel would grow it to hold 17 minutes
-// of /api/chat output); 64 KiB still moves realtime's 64 KB/s of audio over a 1 s round trip.
-constexpr int kWsSendBuffer = 64 * 1024;
+// A WebSocket's unsent bytes in the kernel (TCP_NOTSENT_LOWAT, where the platform has it): few,
+// so that a client that stops reading stalls a write within seconds (the send buffer the kernel
+// would grow to 4 MiB holds 17 minutes of /api/chat output), while the bytes in flight still grow
+// with the congestion window (a far client's throughput is not capped, as a small SO_SNDBUF would).
+constexpr int kWsUnsentBytes = 64 * 1024;
 // A write that has not completed for this long (or --idle-timeout, if longer) means the client
 // stopped reading: the session ends.
 constexpr auto kMinStalledWrite = std::chrono::seconds(10);
@@ -146,7 +150,11 @@ class WsSession final : public SessionCore {
     });
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().set_option(tcp::no_delay(true), ec);
-    beast::get_lowest_layer(ws_).socket().set_option(net::socket_base::send_buffer_size(kWsSendBuffer), ec);
+#ifdef TCP_NOTSENT_LOWAT
+    const int lowat = kWsUnsentBytes;
+    setsockopt(beast::get_lowest_layer(ws_).socket().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
+               sizeof lowat);
+#endif
     stalled_write_ = std::max<std::chrono::steady_clock::duration>(
         kMinStalledWrite, std::chrono::milliseconds(static_cast<int64_t>(hub_->opts.idle_timeout_s * 1000)));
     const std::string target(req.target());
@@ -335,9 +343,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     const auto auth = req.find(http::field::authorization);
     if (auth != req.end()) {
       const std::string v(auth->value());
-      // The scheme is case-insensitive (RFC 9110 11.1).
-      if (v.size() > 7 && beast::iequals(std::string_view(v).substr(0, 7), "Bearer ") && same_secret(v.substr(7), key))
-        return true;
+      // The scheme is case-insensitive and followed by one or more spaces (RFC 9110 11.1, 11.4).
+      if (v.size() > 7 && beast::iequals(std::string_view(v).substr(0, 7), "Bearer ")) {
+        const size_t at = v.find_first_not_of(' ', 7);
+        if (at != std::string::npos && same_secret(v.substr(at), key)) return true;
+      }
     }
     const auto q = parse_query(query);
     const auto it = q.find("api_key");
@@ -392,8 +402,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       }
       if (!authorized(req, query, protocol_key)) return unauthorized(req);
       // Refused before the upgrade (HTTP 503 + Retry-After) while draining or full, so that a
-      // load balancer can try another server. A slot taken between this check and the session's
-      // start (a race) still gets the after-upgrade busy error (SessionCore::begin).
+      // load balancer can try another server. The slot found free is reserved until the session
+      // takes it (SlotReservation); only a drain begun in between is refused after the upgrade
+      // (SessionCore::begin).
       if (const std::string why = hub_->unavailable(); !why.empty()) {
         hub_->metrics.rejected(Rejection::kDraining);
         return refuse(req, why.rfind("device", 0) == 0 ? "device_failed" : "draining",
@@ -429,7 +440,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     if (path == "/health" || path == "/health/ready") {
       const std::string why = hub_->unavailable();
       // Ready: the model is loaded (it is before the server starts), not draining, a slot free.
-      const bool ready = why.empty() && in_use < hub_->opts.max_sessions;
+      const int reserved = hub_->slots_reserved();
+      const bool ready = why.empty() && in_use + reserved < hub_->opts.max_sessions;
       nlohmann::ordered_json j;
       j["status"] = why.empty() ? "ok" : why.rfind("device", 0) == 0 ? "device_failed" : "draining";
       if (!why.empty()) j["error"] = why;
@@ -442,6 +454,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         j["device_index"] = nullptr;
       j["speed_flags"] = hub_->model.speed_flags;
       j["sessions_in_use"] = in_use;
+      j["sessions_starting"] = reserved;  // upgraded (or upgrading), slot reserved, not yet started
       j["max_sessions"] = hub_->opts.max_sessions;
       j["connections"] = hub_->connections.load();
       j["max_connections"] = hub_->opts.max_connections;

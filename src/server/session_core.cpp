@@ -109,6 +109,11 @@ int SessionHub::sessions_in_use() {
   return in_use;
 }
 
+int SessionHub::slots_reserved() {
+  std::lock_guard<std::mutex> lk(mu);
+  return reserved;
+}
+
 void SessionHub::kill_all(SessionEnd why, const std::string& message) {
   std::list<std::weak_ptr<SessionCore>> live;
   {
@@ -190,6 +195,7 @@ void SessionCore::begin(const std::string& query) {
     hub_->metrics.session_started();
     protocol_->on_open();
   } catch (const std::exception& e) {
+    reservation_.release();  // at once, not when the closed session is destroyed
     log::error("session setup failed", {{"session", id_}, {"endpoint", protocol_->endpoint()}, {"error", e.what()}});
     reject(Rejection::kInternalError, std::string("internal error: ") + e.what());
   }

@@ -112,6 +112,7 @@ struct SessionHub {
   // Called by a session as its very last step (on its worker thread or the executor).
   void release_slot(int slot);
   int sessions_in_use();
+  int slots_reserved();  // promised to upgrades whose sessions have not started (SlotReservation)
   // Ends every live session with `why` (its protocol's fatal message + close unless the client
   // already left).
   void kill_all(SessionEnd why, const std::string& message);
