@@ -64,6 +64,21 @@ const Json* path(const Json& j, std::initializer_list<const char*> keys) {
 
 }  // namespace
 
+RealtimeUpgrade realtime_upgrade(std::string_view sec_websocket_protocol, std::string_view openai_beta) {
+  constexpr std::string_view kKeyProtocol = "openai-insecure-api-key.";
+  RealtimeUpgrade u;
+  u.beta = openai_beta.find("realtime=v1") != std::string_view::npos;
+  for (const std::string& p : websocket_protocols(sec_websocket_protocol)) {
+    if (p == "realtime")
+      u.subprotocol = p;
+    else if (p.starts_with(kKeyProtocol))
+      u.key = p.substr(kKeyProtocol.size());
+    else if (p == "openai-beta.realtime-v1")
+      u.beta = true;
+  }
+  return u;
+}
+
 RealtimeProtocol::RealtimeProtocol(SessionHub& hub, bool beta)
     : hub_(hub), beta_(beta), event_prefix_(realtime::random_id("event") + "_") {}
 

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "server/realtime_events.h"
 #include "server/session_core.h"
@@ -71,6 +72,18 @@ class RateBudget {
   double rate_, burst_, level_;
   Clock::time_point last_{};
 };
+
+// What a /v1/realtime upgrade asks for besides the request itself. Browsers cannot set headers on
+// a WebSocket, so OpenAI's browser clients offer the subprotocols `realtime`,
+// `openai-insecure-api-key.KEY` and `openai-beta.realtime-v1` instead of `Authorization` and
+// `OpenAI-Beta: realtime=v1`; the server selects `realtime`, which a browser requires once it
+// offered any.
+struct RealtimeUpgrade {
+  std::string subprotocol;  // to select ("" for none)
+  std::string key;          // the API key offered as a subprotocol ("" for none)
+  bool beta = false;        // the beta API (header or subprotocol)
+};
+RealtimeUpgrade realtime_upgrade(std::string_view sec_websocket_protocol, std::string_view openai_beta);
 
 class RealtimeProtocol final : public Protocol {
  public:

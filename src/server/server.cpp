@@ -384,23 +384,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         hub_->metrics.rejected(Rejection::kForbiddenOrigin);
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
       }
-      // Browsers cannot set headers on a WebSocket: OpenAI's browser clients offer the subprotocols
-      // `realtime`, `openai-insecure-api-key.KEY` and `openai-beta.realtime-v1` instead (the
-      // server selects `realtime`, which a browser requires once it offered any).
-      std::string subprotocol, protocol_key;
-      bool beta_protocol = false;
-      if (path == "/v1/realtime") {
-        constexpr std::string_view kKeyProtocol = "openai-insecure-api-key.";
-        for (const std::string& p : websocket_protocols(req[http::field::sec_websocket_protocol])) {
-          if (p == "realtime")
-            subprotocol = p;
-          else if (p.starts_with(kKeyProtocol))
-            protocol_key = p.substr(kKeyProtocol.size());
-          else if (p == "openai-beta.realtime-v1")
-            beta_protocol = true;
-        }
-      }
-      if (!authorized(req, query, protocol_key)) return unauthorized(req);
+      const RealtimeUpgrade rt = path == "/v1/realtime"
+                                     ? realtime_upgrade(req[http::field::sec_websocket_protocol], req["OpenAI-Beta"])
+                                     : RealtimeUpgrade{};
+      if (!authorized(req, query, rt.key)) return unauthorized(req);
       // Refused before the upgrade (HTTP 503 + Retry-After) while draining or full, so that a
       // load balancer can try another server. The slot found free is reserved until the session
       // takes it (SlotReservation); only a drain begun in between is refused after the upgrade
@@ -423,13 +410,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       if (path == "/api/chat") {
         protocol = std::make_unique<ChatProtocol>(*hub_);
       } else {
-        const auto beta = req.find("OpenAI-Beta");
-        protocol = std::make_unique<RealtimeProtocol>(
-            *hub_, beta_protocol || (beta != req.end() && beta->value().find("realtime=v1") != std::string::npos));
+        protocol = std::make_unique<RealtimeProtocol>(*hub_, rt.beta);
       }
       std::make_shared<WsSession<Stream>>(hub_, std::move(protocol), std::move(stream_),
                                           std::move(conn_), std::move(reservation))
-          ->start(req, subprotocol);
+          ->start(req, rt.subprotocol);
       return;
     }
     if (req.method() != http::verb::get && req.method() != http::verb::head)
