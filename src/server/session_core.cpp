@@ -184,7 +184,7 @@ void SessionCore::begin(const std::string& query) {
     const bool reserved = static_cast<bool>(reservation_);
     reservation_.consumed();
     const int slot = hub_->acquire_slot(shared_from_this(), reserved);
-    // Full or draining upgrades are refused with HTTP 503 before they happen (server.cpp, which
+    // Full or draining upgrades are refused with HTTP 503 before they happen (http_connection.cpp, which
     // reserves the slot); these two answer a drain begun since, or a session without a reservation.
     if (slot == -1)
       return reject(

@@ -4,7 +4,7 @@
 // idle/duration limits, the kill state and the end reason.
 //
 // Three pieces meet here:
-//  - the transport (server.cpp) runs on the connection's strand: it hands every client message to
+//  - the transport (ws_session.cpp) runs on the connection's strand: it hands every client message to
 //    protocol().on_message() and implements enqueue()/enqueue_close() by posting to that strand;
 //  - the Protocol adapter turns client messages into PCM input and control (start parameters),
 //    and each output frame (PCM + text piece) into outgoing messages. Its strand side (on_open,
@@ -159,7 +159,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void reject(Rejection why, const std::string& message);
 
   std::shared_ptr<SessionHub> hub_;
-  // The slot promised by the upgrade's busy check (server.cpp), taken or given back by begin().
+  // The slot promised by the upgrade's busy check (http_connection.cpp), taken or given back by begin().
   SlotReservation reservation_;
 
  private:
