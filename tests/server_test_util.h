@@ -53,7 +53,7 @@ inline http::response<http::string_body> http_request(uint16_t port, const std::
   s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, "127.0.0.1");
-  for (const auto& [k, v] : headers) req.set(k, v);
+  for (const auto& [k, v] : headers) req.insert(k, v);  // a name given twice: two lines
   http::write(s, req);
   beast::flat_buffer b;
   http::response<http::string_body> res;

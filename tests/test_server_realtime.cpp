@@ -640,6 +640,14 @@ TEST_F(RealtimeServerTest, RefusalsAreErrorEvents) {
     EXPECT_EQ(res[http::field::sec_websocket_protocol], "realtime");
   }
   EXPECT_TRUE(wait_slots_free(port_));
+  {  // the same list over two header lines (RFC 9110 5.3)
+    const auto res = upgrade_response(port_, target(),
+                                      {{"Sec-WebSocket-Protocol", "openai-insecure-api-key.sekret"},
+                                       {"Sec-WebSocket-Protocol", "realtime"}});
+    EXPECT_EQ(res.result_int(), 101);
+    EXPECT_EQ(res[http::field::sec_websocket_protocol], "realtime");
+  }
+  EXPECT_TRUE(wait_slots_free(port_));
   EXPECT_EQ(upgrade_status(port_, target(), {{"Sec-WebSocket-Protocol", "realtime, openai-insecure-api-key.wrong"}}),
             401);
   {

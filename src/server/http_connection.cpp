@@ -88,6 +88,16 @@ bool same_secret(const std::string& a, const std::string& b) {
   return CRYPTO_memcmp(da, db, sizeof da) == 0;
 }
 
+// Every value of a header that may come in several lines (a list, RFC 9110 5.3), joined by ", ".
+std::string all_values(const HttpRequest& req, std::string_view name) {
+  std::string v;
+  for (auto [it, end] = req.equal_range(name); it != end; ++it) {
+    if (!v.empty()) v += ", ";
+    v += it->value();
+  }
+  return v;
+}
+
 // /v1/realtime.
 // Over TLS the handshake comes first.
 template <class Stream>
@@ -218,7 +228,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
         return reply(req, http::status::forbidden, "text/plain", "origin not allowed\n");
       }
       const RealtimeUpgrade rt = path == "/v1/realtime"
-                                     ? realtime_upgrade(req[http::field::sec_websocket_protocol], req["OpenAI-Beta"])
+                                     ? realtime_upgrade(all_values(req, "Sec-WebSocket-Protocol"),
+                                                        all_values(req, "OpenAI-Beta"))
                                      : RealtimeUpgrade{};
       if (!authorized(req, query, rt.key)) return unauthorized(req);
       // Refused before the upgrade (HTTP 503 + Retry-After) while draining or full, so that a
@@ -251,13 +262,13 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
     }
     if (req.method() != http::verb::get && req.method() != http::verb::head)
       return reply(req, http::status::method_not_allowed, "text/plain", "method not allowed\n");
-    const int in_use = hub_->sessions_in_use();
     if (path == "/health/live")  // the process serves HTTP
       return reply(req, http::status::ok, "application/json", "{\"status\":\"live\"}\n");
     if (path == "/health" || path == "/health/ready") {
-      const std::string why = hub_->unavailable();
+      const SessionHub::SlotState slots = hub_->slot_state();
+      const std::string& why = slots.unavailable;
+      const int in_use = slots.in_use, reserved = slots.reserved;
       // Ready: the model is loaded (it is before the server starts), not draining, a slot free.
-      const int reserved = hub_->slots_reserved();
       const bool ready = why.empty() && in_use + reserved < hub_->opts.max_sessions;
       nlohmann::ordered_json j;
       j["status"] = why.empty() ? "ok" : why.rfind("device", 0) == 0 ? "device_failed" : "draining";
@@ -295,7 +306,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream
       if (hub_->opts.metrics_auth && !authorized(req, query)) return unauthorized(req);
       return reply(
           req, http::status::ok, "text/plain; version=0.0.4",
-          hub_->metrics.prometheus(in_use, hub_->opts.max_sessions, hub_->connections.load(), cache_stats(*hub_).get()));
+          hub_->metrics.prometheus(hub_->sessions_in_use(), hub_->opts.max_sessions, hub_->connections.load(), cache_stats(*hub_).get()));
     }
     if (api && !authorized(req, query)) return unauthorized(req);
     if (path == "/api/voices")

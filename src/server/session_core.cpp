@@ -109,9 +109,9 @@ int SessionHub::sessions_in_use() {
   return in_use;
 }
 
-int SessionHub::slots_reserved() {
+SessionHub::SlotState SessionHub::slot_state() {
   std::lock_guard<std::mutex> lk(mu);
-  return reserved;
+  return {in_use, reserved, unavailable_locked()};
 }
 
 void SessionHub::kill_all(SessionEnd why, const std::string& message) {
@@ -150,6 +150,10 @@ bool HeadWaiters::close_oldest(std::chrono::steady_clock::duration min_age) {
 
 std::string SessionHub::unavailable() {
   std::lock_guard<std::mutex> lk(mu);
+  return unavailable_locked();
+}
+
+std::string SessionHub::unavailable_locked() const {
   if (!device_error.empty()) return "device failed: " + device_error;
   if (draining || stopping) return "draining";
   return "";

@@ -112,12 +112,19 @@ struct SessionHub {
   // Called by a session as its very last step (on its worker thread or the executor).
   void release_slot(int slot);
   int sessions_in_use();
-  int slots_reserved();  // promised to upgrades whose sessions have not started (SlotReservation)
+  // One consistent reading of the slots (for /health): sessions in use, slots promised to
+  // upgrades whose sessions have not started (SlotReservation), and unavailable()'s answer.
+  struct SlotState {
+    int in_use = 0, reserved = 0;
+    std::string unavailable;
+  };
+  SlotState slot_state();
   // Ends every live session with `why` (its protocol's fatal message + close unless the client
   // already left).
   void kill_all(SessionEnd why, const std::string& message);
   // "" while the server accepts sessions; else why not ("draining", "device failed: ...").
   std::string unavailable();
+  std::string unavailable_locked() const;  // the same, `mu` held
 };
 
 // Counts an open client connection for as long as it lives (movable, so that an HTTP connection
