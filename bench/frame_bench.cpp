@@ -60,6 +60,7 @@
 #include "lm_attention.cuh"           // kern::attention_set_policy (--attention-policy)
 #include "lm_gemv.cuh"                // kern::gemm_set_policy (--gemm-policy)
 #endif
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "apps/png_plot.h"
@@ -611,7 +612,7 @@ int bench(int argc, char** argv) {
   std::string out;
   app.add_option("--frames", frames, "timed frames")->capture_default_str()->check(CLI::Range(1, 100000000));
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
-  app.add_option("--soak", soak_minutes, "run for this many minutes instead of --frames")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--soak", soak_minutes, "run for this many minutes instead of --frames")->check(ppx::app::finite() & CLI::Range(0.0, 1e6));
   app.add_option("--out", out, "write the JSON result here too");
   int sessions = 0;
   app.add_option("--sessions", sessions,
@@ -648,7 +649,7 @@ int bench(int argc, char** argv) {
                  "measurement hook, with --sessions or --sweep and the batched codec: a codec pass with fewer "
                  "frames than a quarter of the sessions waits up to this long for more (0: off, as shipped)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 1000.0));
   bool codec_hold = false;
   app.add_flag("--codec-hold", codec_hold,
                "measurement hook, with --sessions or --sweep and the batched codec: a codec pass of encodes waits "
@@ -696,7 +697,7 @@ int bench(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   if (mimi_blas_rows >= 0 && !mf.mimi_fp16 && !mf.fast) throw ppx::Error("--mimi-blas-rows needs --mimi-fp16 (or --fast)");
   if (mimi_blas_rows >= 0 && sessions == 0 && sweep.empty())

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "backend/cuda/cuda_lm.h"
 #include "backend/cuda/cuda_util.h"
@@ -463,7 +464,7 @@ int bench(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   if (ppx::cuda::device_count() == 0) throw ppx::Error("no CUDA device");
   ppx::kern::gemv_init();

@@ -18,6 +18,7 @@
 #include <memory>
 #include <utility>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "ppx/error.h"
 #include "ppx/config.h"
@@ -195,7 +196,7 @@ int bench(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   const ppx::ModelConfig cfg = ppx::load_config(config);
   std::unique_ptr<ppx::WeightSource> w;

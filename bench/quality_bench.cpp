@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "backend/cuda/cuda_lm.h"
 #include "ppx/backend.h"
@@ -86,7 +87,7 @@ int quality(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   if (const std::string p = ppx::cuda_device_problem(); !p.empty())
     throw ppx::Error("personaplex-bench-quality needs CUDA: " + p);

@@ -74,6 +74,10 @@ TEST(Config, RejectsBadValuesNamingTheKey) {
   expect_config_error(with(P("/mimi/num_codebooks"), 17), "mimi.num_codebooks");
   expect_config_error(with(P("/mimi/frame_rate"), 13.0), "mimi.frame_rate");
   expect_config_error(with(P("/mimi/seanet/ratios"), nlohmann::json::array({8, "x"})), "mimi.seanet.ratios");
+  // 64^8 overflowed an int to 0: a division by zero (SIGFPE) before this check.
+  expect_config_error(with(P("/mimi/seanet/ratios"), nlohmann::json::array({64, 64, 64, 64, 64, 64, 64, 64})),
+                      "mimi.seanet.ratios: their product");
+  expect_config_error(with(P("/lm/dep_q"), good["lm"]["n_q"].get<int>() / 2 - 1), "lm.dep_q: must be at least");
   expect_config_error(with(P("/lm/dim"), "128"), "lm.dim: expected an integer");
   expect_config_error(with(P("/lm/delays"), nlohmann::json::array({0, 1})), "lm.delays");
   expect_config_error(with(P("/lm/card"), 1024), "lm.card");

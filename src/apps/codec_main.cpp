@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <memory>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
+#include "apps/progress.h"
 #include "ppx/audio.h"
 #include "ppx/config.h"
 #include "ppx/error.h"
@@ -24,17 +26,21 @@ int codec(int argc, char** argv) {
   app.add_option("--input", input, "input audio (any rate, first channel used)")->required()->check(CLI::ExistingFile);
   app.add_option("--output", output, "output WAV (24 kHz mono 16-bit)")->required();
   app.add_option("--device", device, "cpu")->capture_default_str();
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress bar");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   if (device != "cpu") throw ppx::Error("--device " + device + ": only cpu is available in this build");
 
+  ppx::app::check_outputs({{"--output", output}}, {input});
   const ppx::ModelConfig cfg = ppx::load_config(config);
   ppx::FileWeights w(std::make_shared<const ppx::SafeTensors>(weights));
   const ppx::Mimi mimi(cfg.mimi, w);
   const ppx::Audio a = ppx::read_audio(input);
+  if (a.frames() == 0) throw ppx::Error("input '" + input + "' has no samples");
   std::vector<float> pcm = ppx::resample(ppx::take_channel(a, 0), a.sample_rate, cfg.mimi.sample_rate);
   const size_t n = pcm.size();
   const int fs = mimi.frame_samples();
@@ -45,6 +51,7 @@ int codec(int argc, char** argv) {
   std::vector<int32_t> codes(mimi.num_codebooks());
   std::vector<float> out(frames * fs);
   double enc_ms = 0, dec_ms = 0;
+  ppx::app::Progress bar("codec", quiet);
   for (size_t f = 0; f < frames; ++f) {
     const double t0 = ppx::app::now_ms();
     mimi.encode(st, pcm.data() + f * fs, codes.data());
@@ -52,9 +59,9 @@ int codec(int argc, char** argv) {
     mimi.decode(st, codes.data(), out.data() + f * fs);
     dec_ms += ppx::app::now_ms() - t1;
     enc_ms += t1 - t0;
-    std::fprintf(stderr, "\rframe %zu/%zu", f + 1, frames);
+    bar.update(static_cast<int64_t>(f + 1), static_cast<int64_t>(frames));
   }
-  std::fprintf(stderr, "\n");
+  bar.finish();
   out.resize(n);
   ppx::write_wav_pcm16(output, cfg.mimi.sample_rate, out);
   const double audio_ms = 1000.0 * static_cast<double>(n) / cfg.mimi.sample_rate;

@@ -1,5 +1,7 @@
 #include "apps/common.h"
 
+#include "apps/cli_checks.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,9 +88,7 @@ void emit_json(const nlohmann::ordered_json& j, const std::string& path) {
   const std::string s = j.dump(2);
   std::printf("%s\n", s.c_str());
   if (path.empty()) return;
-  std::ofstream f(path);
-  f << s << "\n";
-  if (!f) throw Error("cannot write '" + path + "'");
+  write_text_file(path, s + "\n");
 }
 
 int run_main(int (*body)(int, char**), int argc, char** argv) {

@@ -20,8 +20,11 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <exception>
+#include <mutex>
 #include <thread>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "apps/load_client.h"
 #include "apps/load_signal.h"
@@ -103,14 +106,33 @@ std::vector<std::shared_ptr<const ppx::load::EncodedStream>> prepare_audio(const
   std::vector<std::thread> pool;
   const int workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), k));
   std::atomic<int> next{0};
+  std::mutex mu;
+  std::exception_ptr failed;  // the first worker's failure, rethrown here (a thread must not throw)
   for (int w = 0; w < workers; ++w) {
     pool.emplace_back([&] {
-      for (int i = next++; i < k; i = next++)
-        out[static_cast<size_t>(i)] = ppx::load::encode_stream(
-            ppx::load::speech_like_signal(o.seed + static_cast<uint64_t>(i), frames));
+      try {
+        for (int i = next++; i < k; i = next++)
+          out[static_cast<size_t>(i)] = ppx::load::encode_stream(
+              ppx::load::speech_like_signal(o.seed + static_cast<uint64_t>(i), frames));
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!failed) failed = std::current_exception();
+        next = k;  // the other workers stop too
+      }
     });
   }
   for (auto& t : pool) t.join();
+  if (failed) {
+    try {
+      std::rethrow_exception(failed);
+    } catch (const std::bad_alloc&) {
+      const double gb = static_cast<double>(frames) * ppx::load::kFrameSamples * sizeof(float) / 1e9;
+      throw ppx::Error("out of memory preparing the audio: each of the " + std::to_string(k) +
+                       " signals is generated whole (" + std::to_string(static_cast<int>(gb + 0.5)) +
+                       " GB of PCM each, " + std::to_string(workers) +
+                       " at a time) before it is encoded; use a shorter --duration or fewer --signals");
+    }
+  }
   return out;
 }
 
@@ -140,10 +162,10 @@ int body(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--duration", o.duration_s, "seconds of audio streamed per session")
       ->capture_default_str()
-      ->check(CLI::Range(0.08, 86400.0));
+      ->check(ppx::app::finite() & CLI::Range(0.08, 86400.0));
   app.add_option("--ramp-ms", o.ramp_ms, "session i connects i * this many ms after the first")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 600000.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 600000.0));
   app.add_option("--api-key", o.api_key, "the server's --api-key (sent as api_key=)")
       ->envname("PERSONAPLEX_API_KEY");
   app.add_option("--voice", o.voice,
@@ -166,23 +188,23 @@ int body(int argc, char** argv) {
   app.add_option("--handshake-timeout", o.handshake_timeout_s,
                  "seconds from connect to the 0x00 handshake before a session fails")
       ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(ppx::app::finite() & CLI::Range(0.1, 3600.0));
   app.add_option("--drain", o.drain_s, "seconds to wait for answers after the last frame is sent")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 600.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 600.0));
   app.add_option("--tail-frames", o.tail_frames,
                  "answers that may still be missing at the end without failing the session")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
   app.add_option("--budget-ms", o.budget_ms, "a frame is over budget above this added latency")
       ->capture_default_str()
-      ->check(CLI::Range(1.0, 1e6));
+      ->check(ppx::app::finite() & CLI::Range(1.0, 1e6));
   app.add_option("--json", o.json_path, "write the results as JSON here");
   app.add_option("--churn", o.churn,
                  "beside the sessions, this many short sessions per second (connect, handshake, one "
                  "frame, close), from when the last session has connected until the sessions end; "
                  "reported apart (their handshake times and failures)")
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 1000.0));
   app.add_option("--churn-text-prompt", o.churn_text_prompt,
                  "the churn sessions' text_prompt (default: the sessions' --text-prompt)");
   app.add_flag("--churn-unique-prompts", o.churn_unique,
@@ -193,7 +215,7 @@ int body(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   const bool voice_given = app.count("--voice") > 0, prompt_given = app.count("--text-prompt") > 0;
   const int64_t frames = std::llround(o.duration_s * 1000.0 / ppx::load::kFrameMs);

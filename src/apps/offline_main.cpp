@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "apps/progress.h"
@@ -44,19 +46,23 @@ int offline(int argc, char** argv) {
   app.add_option("--text-prompt", text_prompt, "role prompt (wrapped in <system> tags)")->capture_default_str();
   app.add_option("--voice-prompt", voice, "voice prompt: a .pt voice file or an audio file (name in --voice-prompt-dir, or a path)");
   app.add_option("--voice-prompt-dir", voice_dir, "directory of voice prompts (default: <hf-dir>/voices)");
-  app.add_option("--temp-audio", temp_audio, "audio sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  app.add_option("--temp-text", temp_text, "text sampling temperature")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--temp-audio", temp_audio, "audio sampling temperature")->capture_default_str()->check(ppx::app::finite() & CLI::Range(0.0, 100.0));
+  app.add_option("--temp-text", temp_text, "text sampling temperature")->capture_default_str()->check(ppx::app::finite() & CLI::Range(0.0, 100.0));
   app.add_option("--topk-audio", topk_audio, "audio top-k (0 = all)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--topk-text", topk_text, "text top-k (0 = all)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_flag("--greedy", greedy, "disable sampling (argmax)");
-  app.add_option("--seed", seed, "sampling seed (-1: random)")->capture_default_str();
+  app.add_option("--seed", seed, "sampling seed (-1: random, printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
   app.add_flag("--quiet", quiet, "no progress bar");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
 
+  // The outputs are checked before the model loads and the conversation runs (minutes).
+  ppx::app::check_outputs({{"--output-wav", output_wav}, {"--output-text", output_text}}, {input_wav, voice});
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
   std::fprintf(stderr, "model: %s on %s\n", m.description.c_str(), m.backend->device().c_str());
@@ -82,6 +88,8 @@ int offline(int argc, char** argv) {
   if (!wrapped.empty()) prompt.text_tokens = m.tokenizer->encode(wrapped);
 
   const uint64_t s = seed < 0 ? std::random_device{}() : static_cast<uint64_t>(seed);
+  if (seed < 0) std::fprintf(stderr, "seed: %llu (--seed %llu repeats this run)\n", static_cast<unsigned long long>(s),
+                             static_cast<unsigned long long>(s));
   auto codec = m.backend->codec_stream(0);
   auto stepper = m.backend->lm_stepper(gen, s, m.dep_steps);
   ppx::Conversation conv(*codec, *stepper, gen);
@@ -118,9 +126,7 @@ int offline(int argc, char** argv) {
   const double elapsed = ppx::app::now_ms() - t0;
   out.resize(n_out, 0.f);
   ppx::write_wav_pcm16(output_wav, sr, out);
-  std::ofstream tf(output_text);
-  tf << text.dump() << "\n";
-  if (!tf) throw ppx::Error("cannot write '" + output_text + "'");
+  ppx::app::write_text_file(output_text, text.dump() + "\n");
   const double audio_ms = 1000.0 * static_cast<double>(n_out) / sr;
   std::printf("%zu frames (%.2f s of audio) in %.2f s: real-time factor %.3f (processing / audio time)\n"
               "wrote %s and %s\n",

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "apps/model_loading.h"
 #include "ppx/capacity.h"
@@ -175,7 +176,7 @@ int serve(int argc, char** argv) {
          "--idle-timeout", o.idle_timeout_s,
          "drop a client (/api/chat, /v1/realtime) that sends no audio for this many seconds")
       ->capture_default_str()
-      ->check(CLI::Range(0.5, 3600.0));
+      ->check(ppx::app::finite() & CLI::Range(0.5, 3600.0));
   app.add_option("--io-threads", o.io_threads, "network threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
@@ -200,11 +201,11 @@ int serve(int argc, char** argv) {
                  "on SIGINT/SIGTERM: refuse new sessions, let live ones go on this many seconds, "
                  "then end them (a second signal exits at once)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 86400.0));
   app.add_option("--max-session-duration", o.max_session_duration_s,
                  "end a conversation after this many seconds (0: unlimited)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 31.0 * 86400.0));
+      ->check(ppx::app::finite() & CLI::Range(0.0, 31.0 * 86400.0));
   app.add_option(
          "--ssl", o.ssl_dir,
          "serve HTTPS/WSS with DIR/cert.pem (chain) and DIR/key.pem; browsers need it for the "
@@ -244,7 +245,7 @@ int serve(int argc, char** argv) {
     mf.prompt_cache_bytes =
         prompt_cache_mb == "auto" ? ppx::kPromptCacheAuto : static_cast<size_t>(std::stol(prompt_cache_mb)) << 20;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   ppx::server::log::Level level = ppx::server::log::Level::kInfo;
   ppx::server::log::parse_level(log_level, level);
@@ -253,7 +254,11 @@ int serve(int argc, char** argv) {
   try {
     return serve_with(mf, o, app.count("--api-key") > 0, app.count("--max-sessions") > 0);
   } catch (const std::exception& e) {
-    ppx::server::log::error(std::string("error: ") + e.what());
+    // With --log-level off the reason still reaches stderr: an exit 2 is never silent.
+    if (level == ppx::server::log::Level::kOff)
+      std::fprintf(stderr, "error: %s\n", e.what());
+    else
+      ppx::server::log::error(std::string("error: ") + e.what());
     return 2;
   }
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_checks.h"
 #include "apps/common.h"
 #include "ppx/backend.h"
 #include "engine/golden_replay.h"
@@ -122,7 +123,7 @@ int verify(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return ppx::app::parse_failed(app, e);
   }
   nlohmann::ordered_json out;
   if (*mimi) out = verify_mimi(config, mimi_w, io, device);

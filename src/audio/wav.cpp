@@ -45,8 +45,9 @@ void write_wav_pcm16(const std::string& path, int sample_rate, const std::vector
     pcm[i] = static_cast<short>(std::lrint(v * 32767.f));
   }
   const sf_count_t n = sf_write_short(f, pcm.data(), static_cast<sf_count_t>(pcm.size()));
-  sf_close(f);
-  if (n != static_cast<sf_count_t>(pcm.size())) throw Error("cannot write '" + path + "': short write");
+  const int closed = sf_close(f);  // the header's sizes are written here
+  if (n != static_cast<sf_count_t>(pcm.size()) || closed != 0)
+    throw Error("cannot write '" + path + "': " + (n != static_cast<sf_count_t>(pcm.size()) ? "short write" : sf_error_number(closed)));
 }
 
 std::vector<float> take_channel(const Audio& a, int ch) {

@@ -126,6 +126,9 @@ SeanetConfig parse_seanet(Section s) {
   s.expect("pad_mode", "constant");
   c.ratios = s.ints("ratios", 1, 64);
   if (c.ratios.empty() || c.ratios.size() > 8) s.fail("ratios", "expected 1 to 8 ratios");
+  int64_t hop = 1;  // at most 64^8: no overflow in 64 bits
+  for (int r : c.ratios) hop *= r;
+  if (hop > 1000000) s.fail("ratios", "their product (the hop) " + std::to_string(hop) + " exceeds 1000000");
   s.expect("true_skip", true);
   if ((c.n_filters << c.ratios.size()) % c.compress != 0)
     s.fail("compress", "does not divide the residual block widths");
@@ -232,6 +235,8 @@ LmConfig parse_lm(Section s) {
     s.fail("depformer_num_heads", "does not divide depformer_dim " + std::to_string(c.depformer_dim));
   if (c.n_q % 2 != 0) s.fail("n_q", "must be even (agent and user codebooks)");
   if (c.dep_q > c.n_q) s.fail("dep_q", "exceeds n_q " + std::to_string(c.n_q));
+  if (c.dep_q < c.n_q / 2)
+    s.fail("dep_q", "must be at least n_q / 2 = " + std::to_string(c.n_q / 2) + " (every agent codebook)");
   if (static_cast<int>(c.delays.size()) != c.n_q + 1)
     s.fail("delays", "has " + std::to_string(c.delays.size()) + " entries, expected n_q + 1 = " + std::to_string(c.n_q + 1));
   if (c.existing_text_padding_id >= c.text_card) s.fail("existing_text_padding_id", "must be below text_card");

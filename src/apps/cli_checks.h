@@ -1,0 +1,30 @@
+// Checks the command-line tools share: numbers that must be finite (CLI11's Range lets NaN
+// through: every comparison with it is false) and output files, checked before the long work and
+// written with their errors seen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ppx::app {
+
+// A command line CLI11 could not parse: its message as "error: ..." (as every other error of the
+// tools) and exit status 2; --help and --version print and give 0.
+int parse_failed(CLI::App& app, const CLI::ParseError& e);
+
+// A validator that refuses nan and inf (any case, signed): `->check(finite() & CLI::Range(a, b))`.
+CLI::Validator finite();
+
+// Before any long work: each output ({flag, path}) names a file that can be written (not empty,
+// not a directory, its directory exists and is writable), no two outputs are the same file, and no
+// output is one of `inputs`. Throws ppx::Error naming the flag.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<std::string>& inputs = {});
+
+// Writes `text` to `path` and closes it, throwing ppx::Error with the system's reason when any
+// part fails (a full disk shows only at the flush).
+void write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace ppx::app
