@@ -1,7 +1,10 @@
 #include "apps/model_loading.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <new>
 
 #include "ppx/error.h"
 #include "ppx/lm.h"
@@ -144,6 +147,30 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
   m.speed_flags = flags.empty() ? "" : flags.substr(1);
 }
 
+// The CPU backend holds the LM in fp32: refused before allocating when that cannot fit the memory
+// available (the full-size model needs ~31 GB), rather than swapping or ending in bad_alloc.
+void check_cpu_memory(const LmConfig& c, const std::string& config) {
+  double params = 0;
+  for (const auto& [name, shape] : lm_state_dict_spec(c)) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  const double need = params * sizeof(float);
+  std::ifstream mi("/proc/meminfo");  // "MemAvailable:   22940344 kB"; absent elsewhere: no check
+  double kb = -1;
+  for (std::string line; std::getline(mi, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) kb = std::strtod(line.c_str() + 13, nullptr);
+  if (kb < 0 || need < kb * 1024.0) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the LM of %s takes %.1f GB in fp32 on the CPU, but %.1f GB of memory is available; the "
+                "full-size model runs with --device cuda (the CPU demo model: no --random-weights, or "
+                "--config configs/tiny-demo.json)",
+                config.c_str(), need / 1e9, kb * 1024.0 / 1e9);
+  throw Error(msg);
+}
+
 }  // namespace
 
 LoadedModel load_model(const ModelFlags& f_in) {
@@ -204,9 +231,16 @@ LoadedModel load_model(const ModelFlags& f_in) {
     m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
                                   f.codec_slots, true, cuda);
   } else {
-    auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
-    auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);
-    m.backend = make_cpu_backend(std::move(mimi), std::move(lm));
+    // Random weights fill every tensor: checked first. From files a shape mismatch, found at the
+    // first tensor, says more; a full load that does not fit ends in the bad_alloc below.
+    if (!files) check_cpu_memory(*m.cfg.lm, f.config.empty() ? "the embedded full-size config" : f.config);
+    try {
+      auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
+      auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);
+      m.backend = make_cpu_backend(std::move(mimi), std::move(lm));
+    } catch (const std::bad_alloc&) {
+      throw Error("out of memory building the model on the CPU (fp32 weights)");
+    }
   }
   if (!f.tokenizer.empty()) {
     m.tokenizer = std::make_unique<TextTokenizer>(f.tokenizer);

@@ -8,6 +8,8 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "ppx/error.h"
@@ -41,8 +43,19 @@ std::unique_ptr<ssl::context> load_tls(const std::string& dir) {
   beast::error_code ec;
   ctx->use_certificate_chain_file(cert, ec);
   if (ec) throw Error("--ssl: cannot use certificate " + cert + ": " + ec.message());
+  // Never a passphrase prompt on the terminal (a server would hang at startup): an encrypted key
+  // fails here with its own message.
+  ctx->set_password_callback([](std::size_t, ssl::context::password_purpose) { return std::string(); }, ec);
   ctx->use_private_key_file(key, ssl::context::pem, ec);
-  if (ec) throw Error("--ssl: cannot use private key " + key + ": " + ec.message());
+  if (ec) {
+    std::ifstream in(key);
+    const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (pem.find("ENCRYPTED") != std::string::npos)
+      throw Error("--ssl: the private key " + key +
+                  " is encrypted; the server needs it without a passphrase (openssl pkey -in " + key +
+                  " -out key.pem asks for it once)");
+    throw Error("--ssl: cannot use private key " + key + ": " + ec.message());
+  }
   if (SSL_CTX_check_private_key(ctx->native_handle()) != 1)
     throw Error("--ssl: " + key + " does not match the certificate " + cert);
   return ctx;
