@@ -69,6 +69,7 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
   if (!o.voice_dir.empty() && !std::filesystem::is_directory(o.voice_dir))
     throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
   if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
+  ppx::server::Server::check_listen(o.host, o.port);  // before the model loads (minutes)
   if (api_key_given && o.api_key.empty())
     throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
   if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
@@ -116,12 +117,14 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
   server.start();
   const char* scheme = server.tls() ? "https" : "http";
   const unsigned port = server.port();
-  std::printf("listening on %s://%s:%u\n", scheme, o.host.c_str(), port);
+  // An IPv6 address goes in brackets in a URL (RFC 3986).
+  const std::string url_host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  std::printf("listening on %s://%s:%u\n", scheme, url_host.c_str(), port);
   const bool any = o.host == "0.0.0.0" || o.host == "::";
   std::printf("open %s://%s:%u/ in a browser to talk to the model\n", scheme,
-              any || o.host == "127.0.0.1" ? "localhost" : o.host.c_str(), port);
+              any || o.host == "127.0.0.1" || o.host == "::1" ? "localhost" : url_host.c_str(), port);
   std::fflush(stdout);
-  ppx::server::log::info("listening", {{"url", std::string(scheme) + "://" + o.host + ":" + std::to_string(port)},
+  ppx::server::log::info("listening", {{"url", std::string(scheme) + "://" + url_host + ":" + std::to_string(port)},
                                       {"host", o.host},
                                       {"port", port}});
   // The first signal drains (new sessions refused, live ones go on for --drain-timeout), the

@@ -61,6 +61,33 @@ std::unique_ptr<ssl::context> load_tls(const std::string& dir) {
   return ctx;
 }
 
+// --host (an address, or a name such as localhost: its first address) and --port as an endpoint.
+tcp::endpoint listen_endpoint(const std::string& host, uint16_t port) {
+  boost::system::error_code ec;
+  const net::ip::address a = net::ip::make_address(host, ec);
+  if (!ec) return {a, port};
+  net::io_context ioc;
+  tcp::resolver r(ioc);
+  const auto found = r.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
+  if (ec || found.empty())
+    throw Error("--host '" + host + "' is neither an IP address nor a name that resolves" +
+                (ec ? ": " + ec.message() : std::string()));
+  return found.begin()->endpoint();
+}
+
+// Opens, binds and listens on `acceptor`; throws naming the address.
+void listen_on(tcp::acceptor& acceptor, const std::string& host, uint16_t port) {
+  const tcp::endpoint ep = listen_endpoint(host, port);
+  try {
+    acceptor.open(ep.protocol());
+    acceptor.set_option(net::socket_base::reuse_address(true));
+    acceptor.bind(ep);
+    acceptor.listen(net::socket_base::max_listen_connections);
+  } catch (const boost::system::system_error& e) {
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + e.code().message());
+  }
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -273,16 +300,7 @@ Server::Server(const ServerOptions& opts, const ServerModel& model)
                          "server error: the GPU failed; the server restarts, reconnect shortly");
   };
   if (!opts.ssl_dir.empty()) impl_->tls = load_tls(opts.ssl_dir);
-  const std::string where = opts.host + ":" + std::to_string(opts.port);
-  try {
-    const tcp::endpoint ep(net::ip::make_address(opts.host), opts.port);
-    impl_->acceptor.open(ep.protocol());
-    impl_->acceptor.set_option(net::socket_base::reuse_address(true));
-    impl_->acceptor.bind(ep);
-    impl_->acceptor.listen(net::socket_base::max_listen_connections);
-  } catch (const boost::system::system_error& e) {
-    throw Error("cannot listen on " + where + ": " + e.code().message());
-  }
+  listen_on(impl_->acceptor, opts.host, opts.port);
 }
 
 Server::~Server() { stop(); }
@@ -290,6 +308,12 @@ Server::~Server() { stop(); }
 uint16_t Server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
 void Server::check_tls(const std::string& ssl_dir) { load_tls(ssl_dir); }
+
+void Server::check_listen(const std::string& host, uint16_t port) {
+  net::io_context ioc;
+  tcp::acceptor probe(ioc);
+  listen_on(probe, host, port);  // closed again as it goes out of scope
+}
 
 bool Server::tls() const { return impl_->tls != nullptr; }
 

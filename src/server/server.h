@@ -101,6 +101,9 @@ class Server {
   // Throws ppx::Error naming the file when ssl_dir's cert.pem/key.pem cannot serve TLS; lets a
   // tool fail before it spends minutes loading a model.
   static void check_tls(const std::string& ssl_dir);
+  // Throws ppx::Error when the server could not listen on host:port (a host that is neither an
+  // address nor a name that resolves, a port in use, no permission), for the same reason.
+  static void check_listen(const std::string& host, uint16_t port);
 
   uint16_t port() const;  // the bound port
   bool tls() const;       // serving HTTPS/WSS
