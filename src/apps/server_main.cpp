@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -70,7 +71,10 @@ int serve_with(ppx::app::ModelFlags& mf, ppx::server::ServerOptions& o, bool api
     throw ppx::Error("--voice-prompt-dir '" + o.voice_dir + "' is not a directory");
   if (!o.ssl_dir.empty()) ppx::server::Server::check_tls(o.ssl_dir);
   ppx::server::Server::check_listen(o.host, o.port);  // before the model loads (minutes)
-  if (api_key_given && o.api_key.empty())
+  // An empty key is refused, whether given as the flag or set in the environment (an empty
+  // variable would otherwise serve everyone without a word).
+  const char* env_key = std::getenv("PERSONAPLEX_API_KEY");
+  if ((api_key_given || (env_key && !*env_key)) && o.api_key.empty())
     throw ppx::Error("--api-key (or PERSONAPLEX_API_KEY) is empty");
   if (o.metrics_auth && o.api_key.empty()) throw ppx::Error("--metrics-auth needs --api-key");
   raise_fd_limit();
