@@ -23,10 +23,10 @@ void ModelFlags::add_to(CLI::App& app) {
       "tokenizer-e351c8d8-checkpoint125.safetensors, tokenizer_spm_32k_3.model, voices/)");
   app.add_option("--config", config,
                  "model config JSON (default: the PersonaPlex 7B config with --hf-dir, weights "
-                 "or --random-weights, else the embedded tiny demo model)");
-  app.add_option("--lm", lm, "LM weights (.safetensors)");
-  app.add_option("--mimi", mimi, "Mimi weights (.safetensors)");
-  app.add_option("--tokenizer", tokenizer, "SentencePiece text tokenizer (.model)");
+                 "or --random-weights, else the embedded tiny demo model)")->check(CLI::ExistingFile);
+  app.add_option("--lm", lm, "LM weights (.safetensors)")->check(CLI::ExistingFile);
+  app.add_option("--mimi", mimi, "Mimi weights (.safetensors)")->check(CLI::ExistingFile);
+  app.add_option("--tokenizer", tokenizer, "SentencePiece text tokenizer (.model)")->check(CLI::ExistingFile);
   app.add_flag(
       "--random-weights", random_weights,
       "random weights of the config's full size (benchmarks; the LM is generated on the GPU)");

@@ -20,11 +20,12 @@ TextTokenizer::TextTokenizer(const std::string& model_path)
     : impl_(std::make_unique<Impl>()), path_(model_path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(model_path, ec)) {
-    throw Error("tokenizer model '" + model_path + "': no such file");
+    throw Error("tokenizer model '" + model_path +
+                (std::filesystem::exists(model_path, ec) ? "' is not a file" : "': no such file"));
   }
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
-    throw Error("tokenizer model '" + model_path + "': " + status.ToString());
+    throw Error("tokenizer model '" + model_path + "' is not a SentencePiece model (" + status.ToString() + ")");
   }
   if (impl_->sp.GetPieceSize() <= 0) {
     throw Error("tokenizer model '" + model_path + "': no pieces");
