@@ -35,7 +35,7 @@ int codec(int argc, char** argv) {
   }
   if (device != "cpu") throw ppx::Error("--device " + device + ": only cpu is available in this build");
 
-  ppx::app::check_outputs({{"--output", output}}, {input});
+  ppx::app::check_outputs({{"--output", output}}, {input, config, weights});
   const ppx::ModelConfig cfg = ppx::load_config(config);
   ppx::FileWeights w(std::make_shared<const ppx::SafeTensors>(weights));
   const ppx::Mimi mimi(cfg.mimi, w);

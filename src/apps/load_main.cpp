@@ -252,8 +252,14 @@ int body(int argc, char** argv) {
   };
 
   const auto t_prep = Clock::now();
+  // Every signal is generated and encoded before the first session (about 1 s of CPU per minute
+  // of audio): a long --duration says so rather than appearing to hang.
+  const bool long_prep = o.duration_s >= 600;
+  if (long_prep)
+    std::fprintf(stderr, "personaplex-load: encoding the audio first (%.0f s per signal)...\n", o.duration_s);
   const auto audio = prepare_audio(o, frames);
   const double prep_s = std::chrono::duration<double>(Clock::now() - t_prep).count();
+  if (long_prep) std::fprintf(stderr, "personaplex-load: audio encoded in %.1f s\n", prep_s);
   const json health = server_health(o);
 
   net::io_context ioc;

@@ -62,7 +62,8 @@ int offline(int argc, char** argv) {
   }
 
   // The outputs are checked before the model loads and the conversation runs (minutes).
-  ppx::app::check_outputs({{"--output-wav", output_wav}, {"--output-text", output_text}}, {input_wav, voice});
+  ppx::app::check_outputs({{"--output-wav", output_wav}, {"--output-text", output_text}},
+                          {input_wav, voice, mf.config, mf.lm, mf.mimi, mf.tokenizer});
   ppx::app::LoadedModel m = ppx::app::load_model(mf);
   if (!m.tokenizer) throw ppx::Error("a text tokenizer is needed: give --tokenizer or --hf-dir");
   std::fprintf(stderr, "model: %s on %s\n", m.description.c_str(), m.backend->device().c_str());

@@ -98,8 +98,8 @@ std::string all_values(const HttpRequest& req, std::string_view name) {
   return v;
 }
 
-// /v1/realtime.
-// Over TLS the handshake comes first.
+// One plain HTTP request on a fresh connection (no keep-alive), or the upgrade to /api/chat or
+// /v1/realtime. Over TLS the handshake comes first.
 template <class Stream>
 class HttpConnection : public std::enable_shared_from_this<HttpConnection<Stream>> {
  public:

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cctype>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -52,8 +53,8 @@ std::unique_ptr<ssl::context> load_tls(const std::string& dir) {
     const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (pem.find("ENCRYPTED") != std::string::npos)
       throw Error("--ssl: the private key " + key +
-                  " is encrypted; the server needs it without a passphrase (openssl pkey -in " + key +
-                  " -out key.pem asks for it once)");
+                  " is encrypted; the server needs it without a passphrase (openssl pkey -in " + key + " -out " +
+                  key + ".plain && mv " + key + ".plain " + key + " asks for it once)");
     throw Error("--ssl: cannot use private key " + key + ": " + ec.message());
   }
   if (SSL_CTX_check_private_key(ctx->native_handle()) != 1)
@@ -62,16 +63,23 @@ std::unique_ptr<ssl::context> load_tls(const std::string& dir) {
 }
 
 // --host (an address, or a name such as localhost: its first address) and --port as an endpoint.
+// A name that resolves to IPv4 and IPv6 addresses (localhost: ::1 first on Debian) binds its IPv4
+// one, which every client can reach (personaplex-load's default is 127.0.0.1). An empty host or a
+// numeric shorthand ("0") is refused, never widened to every interface.
 tcp::endpoint listen_endpoint(const std::string& host, uint16_t port) {
   boost::system::error_code ec;
   const net::ip::address a = net::ip::make_address(host, ec);
   if (!ec) return {a, port};
+  const bool name = std::any_of(host.begin(), host.end(), [](unsigned char c) { return std::isalpha(c); });
+  if (!name) throw Error("--host '" + host + "' is not an IP address (or a host name)");
   net::io_context ioc;
   tcp::resolver r(ioc);
-  const auto found = r.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
+  const auto found = r.resolve(host, std::to_string(port), ec);
   if (ec || found.empty())
     throw Error("--host '" + host + "' is neither an IP address nor a name that resolves" +
                 (ec ? ": " + ec.message() : std::string()));
+  for (const auto& e : found)
+    if (e.endpoint().address().is_v4()) return e.endpoint();
   return found.begin()->endpoint();
 }
 

@@ -10,3 +10,5 @@ head -c 4096 /dev/urandom > "$d/random.pt"
 python3 - "$d/long_prompt.txt" <<'PY' 2>/dev/null || printf 'word %.0s' $(seq 1 200) > "$d/long_prompt.txt"
 import sys; open(sys.argv[1], "w").write("word " * 200)
 PY
+# A valid WAV header (24 kHz mono 16-bit) with no samples.
+printf 'RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\xc0\x5d\x00\x00\x80\xbb\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00' > "$d/no_samples.wav"
