@@ -216,31 +216,39 @@ LoadedModel load_model(const ModelFlags& f_in) {
     m.description = std::string(demo ? "embedded tiny demo model" : "full-size model") +
                     " (random weights, seed " + std::to_string(f.demo_seed) + ")";
   }
-  if (f.device == "cuda") {
-    // Full-size random LM weights are generated on the GPU; small ones go through the host.
-    const bool device_random = !files && f.random_weights;
-    CudaOptions cuda;
-    cuda.w8a16 = f.w8a16;
-    cuda.w8_int8 = f.w8_format == "int8";
-    cuda.kv_fp8 = f.kv_fp8;
-    cuda.prompt_cache_bytes = f.prompt_cache_bytes;
-    cuda.mimi_pdl = !f.no_mimi_pdl;
-    cuda.mimi_fp16 = f.mimi_fp16;
-    cuda.device = f.cuda_device;
-    m.device_index = f.cuda_device;
-    m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
-                                  f.codec_slots, true, cuda);
-  } else {
-    // Random weights fill every tensor: checked first. From files a shape mismatch, found at the
-    // first tensor, says more; a full load that does not fit ends in the bad_alloc below.
-    if (!files) check_cpu_memory(*m.cfg.lm, f.config.empty() ? "the embedded full-size config" : f.config);
-    try {
-      auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
-      auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);
-      m.backend = make_cpu_backend(std::move(mimi), std::move(lm));
-    } catch (const std::bad_alloc&) {
-      throw Error("out of memory building the model on the CPU (fp32 weights)");
+  try {
+    if (f.device == "cuda") {
+      // Full-size random LM weights are generated on the GPU; small ones go through the host.
+      const bool device_random = !files && f.random_weights;
+      CudaOptions cuda;
+      cuda.w8a16 = f.w8a16;
+      cuda.w8_int8 = f.w8_format == "int8";
+      cuda.kv_fp8 = f.kv_fp8;
+      cuda.prompt_cache_bytes = f.prompt_cache_bytes;
+      cuda.mimi_pdl = !f.no_mimi_pdl;
+      cuda.mimi_fp16 = f.mimi_fp16;
+      cuda.device = f.cuda_device;
+      m.device_index = f.cuda_device;
+      m.backend = make_cuda_backend(m.cfg, *mw, device_random ? nullptr : lw.get(), f.demo_seed,
+                                    f.codec_slots, true, cuda);
+    } else {
+      // Random weights fill every tensor: checked first. From files a shape mismatch, found at the
+      // first tensor, says more; a full load that does not fit ends in the bad_alloc below.
+      if (!files) check_cpu_memory(*m.cfg.lm, f.config.empty() ? "the embedded full-size config" : f.config);
+      try {
+        auto mimi = std::make_unique<Mimi>(m.cfg.mimi, *mw);
+        auto lm = std::make_unique<Lm>(*m.cfg.lm, *lw);
+        m.backend = make_cpu_backend(std::move(mimi), std::move(lm));
+      } catch (const std::bad_alloc&) {
+        throw Error("out of memory building the model on the CPU (fp32 weights)");
+      }
     }
+  } catch (const Error& e) {
+    // Weights of another size than the config: say which config was taken when none was given.
+    if (files && f.config.empty() && std::string(e.what()).find("has shape") != std::string::npos)
+      throw Error(std::string(e.what()) +
+                  " (no --config given: the PersonaPlex 7B config was assumed; give the weights' own config)");
+    throw;
   }
   if (!f.tokenizer.empty()) {
     m.tokenizer = std::make_unique<TextTokenizer>(f.tokenizer);
