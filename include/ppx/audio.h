@@ -15,7 +15,8 @@ struct Audio {
   size_t frames() const { return channels ? samples.size() / channels : 0; }
 };
 
-// Reads an audio file. Throws ppx::Error naming the file when it cannot be read or decoded.
+// Reads an audio file. Throws ppx::Error naming the file when it cannot be read or decoded, or
+// holds no samples.
 Audio read_audio(const std::string& path);
 // Writes mono 16-bit PCM WAV; samples are clamped to [-1, 1].
 void write_wav_pcm16(const std::string& path, int sample_rate, const std::vector<float>& mono);

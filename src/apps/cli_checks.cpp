@@ -56,11 +56,12 @@ void check_outputs(const std::vector<std::pair<std::string, std::string>>& outpu
     // Devices and pipes (/dev/null for both outputs, /dev/stdout) may be shared; files may not.
     const bool exists = fs::exists(path, ec);
     if (!exists || fs::is_regular_file(path, ec)) {
+      const fs::path id = identity(path);
       for (size_t j = 0; j < i; ++j)
-        if (identity(outputs[j].second) == identity(path))
+        if (identity(outputs[j].second) == id)
           throw Error(flag + " and " + outputs[j].first + " name the same file '" + path + "'");
       for (const std::string& in : inputs)
-        if (!in.empty() && identity(in) == identity(path)) throw Error(flag + " '" + path + "' is an input file");
+        if (!in.empty() && identity(in) == id) throw Error(flag + " '" + path + "' is an input file");
     }
     if (exists ? ::access(path.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK) != 0)
       throw Error(flag + " '" + path + "' cannot be written: " + std::strerror(errno));

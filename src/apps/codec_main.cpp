@@ -40,7 +40,6 @@ int codec(int argc, char** argv) {
   ppx::FileWeights w(std::make_shared<const ppx::SafeTensors>(weights));
   const ppx::Mimi mimi(cfg.mimi, w);
   const ppx::Audio a = ppx::read_audio(input);
-  if (a.frames() == 0) throw ppx::Error("input '" + input + "' has no samples");
   std::vector<float> pcm = ppx::resample(ppx::take_channel(a, 0), a.sample_rate, cfg.mimi.sample_rate);
   const size_t n = pcm.size();
   const int fs = mimi.frame_samples();

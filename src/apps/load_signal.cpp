@@ -127,8 +127,7 @@ std::vector<float> speech_like_signal(uint64_t seed, int64_t frames) {
 }
 
 std::vector<float> file_signal(const std::string& path, int64_t frames) {
-  const Audio a = read_audio(path);
-  if (a.frames() == 0) throw Error("--input '" + path + "' has no samples");
+  const Audio a = read_audio(path);  // refuses a file without samples
   const std::vector<float> x = resample(take_channel(a, 0), a.sample_rate, kSampleRate);
   if (x.empty()) throw Error("--input '" + path + "' has no samples");
   std::vector<float> out(static_cast<size_t>(frames * kFrameSamples));

@@ -4,7 +4,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -80,7 +79,6 @@ int offline(int argc, char** argv) {
 
   // Read everything before the long work, so a bad input fails fast.
   const ppx::Audio in = ppx::read_audio(input_wav);
-  if (in.frames() == 0) throw ppx::Error("input '" + input_wav + "' has no samples");
   std::vector<float> user = ppx::resample(ppx::take_channel(in, 0), in.sample_rate, sr);
   const size_t n_out = user.size();
   ppx::SystemPrompt prompt;

@@ -184,7 +184,6 @@ std::vector<float> prepare_voice_audio(const std::string& path, int sample_rate,
     throw Error("voice prompt '" + path + "': bad sample rate or frame size");
   }
   const Audio audio = read_audio(path);
-  if (audio.frames() == 0) throw Error("voice prompt '" + path + "': no audio samples");
   if (audio.sample_rate < kMinVoiceRateHz || audio.sample_rate > kMaxVoiceRateHz) {
     throw Error("voice prompt '" + path + "': sample rate " + std::to_string(audio.sample_rate) + " Hz, outside the " +
                 std::to_string(kMinVoiceRateHz) + " to " + std::to_string(kMaxVoiceRateHz) + " Hz a voice may have");

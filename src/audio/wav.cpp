@@ -28,6 +28,7 @@ Audio read_audio(const std::string& path) {
   const sf_count_t got = sf_readf_float(f, a.samples.data(), info.frames);
   sf_close(f);
   if (got < 0) throw Error("audio file '" + path + "': read error");
+  if (got == 0) throw Error("audio file '" + path + "' has no samples");  // no caller can use none
   a.samples.resize(static_cast<size_t>(got) * info.channels);
   return a;
 }
