@@ -148,7 +148,7 @@ void resolve_speed_flags(ModelFlags& f, const LmConfig& lm, LoadedModel& m) {
 }
 
 // The CPU backend holds the LM in fp32: refused before allocating when that cannot fit the memory
-// available (the full-size model needs ~31 GB), rather than swapping or ending in bad_alloc.
+// available (the full-size LM needs 33.5 GB), rather than swapping or ending in bad_alloc.
 void check_cpu_memory(const LmConfig& c, const std::string& config) {
   double params = 0;
   for (const auto& [name, shape] : lm_state_dict_spec(c)) {
