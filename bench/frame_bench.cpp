@@ -91,6 +91,7 @@ ppx::SystemPrompt bench_prompt(const ppx::app::LoadedModel& m, int prompt_steps 
 
 int g_gemm_policy = -1;    // --gemm-policy (-1: as shipped)
 int g_attention_policy = -1;  // --attention-policy (-1: as shipped)
+int g_attention_parts = 0;    // --attention-parts (0: the plan's)
 int g_mimi_blas_rows = 0;  // the codec's cuBLAS threshold as it applies (--mimi-blas-rows; 0: off or fp32 Mimi)
 
 // The head of the --sessions and --lm-batch JSON: what ran, on what, with which speed flags.
@@ -113,6 +114,7 @@ nlohmann::ordered_json result_head(const char* bench, const ppx::app::LoadedMode
   }
 #endif
   if (g_attention_policy >= 0) j["attention_policy"] = g_attention_policy;
+  if (g_attention_parts > 0) j["attention_parts"] = g_attention_parts;
   j["mimi_blas_rows"] = g_mimi_blas_rows;
   return j;
 }
@@ -678,6 +680,12 @@ int bench(int argc, char** argv) {
                  "tensor-core kernel with 3 and 4 stages (up to 4 rows both 3), 4 v0.18's tensor-core kernel); "
                  "CUDA builds only")
       ->check(CLI::Range(0, 5));
+  int attention_parts = 0;
+  app.add_option("--attention-parts", attention_parts,
+                 "measurement hook (v0.37): the fp8 cache's tensor-core attention at 5 or more rows takes this many "
+                 "parts (blocks a row and head, each over every parts-th 64-key split; at most the context's "
+                 "splits) instead of its plan's; CUDA builds only")
+      ->check(CLI::Range(1, 1000));
   int mimi_blas_rows = -1;
   app.add_option("--mimi-blas-rows", mimi_blas_rows,
                  "with --mimi-fp16 (or --fast): run the transformer linears and the short convolutions of codec "
@@ -709,13 +717,15 @@ int bench(int argc, char** argv) {
     throw ppx::Error("--profile-steps needs --lm-batch and --device cuda");
   if (profile_steps > frames) throw ppx::Error("--profile-steps cannot exceed --frames (it profiles timed steps)");
   if (attention_policy >= 0 && mf.device != "cuda") throw ppx::Error("--attention-policy needs --device cuda");
+  if (attention_parts > 0 && (mf.device != "cuda" || !mf.kv_fp8))
+    throw ppx::Error("--attention-parts needs --device cuda and --kv-fp8");
   if ((codec_hold || codec_gather_ms > 0) && (per_session_codec || (sessions == 0 && sweep.empty())))
     throw ppx::Error(std::string(codec_hold ? "--codec-hold" : "--codec-gather-ms") +
                      " needs --sessions or --sweep with the batched codec (not --per-session-codec)");
 #if defined(PPX_HAVE_CUDA)
   // Before the model loads (policy 3 keeps a bf16 copy of the int8 weights) and the LM batch
   // captures its graphs; policy 3's cuBLAS handle lives on the --device chosen.
-  if (gemm_policy >= 0 || attention_policy >= 0) {
+  if (gemm_policy >= 0 || attention_policy >= 0 || attention_parts > 0) {
     if (const std::string why = ppx::cuda_device_problem(mf.cuda_device); !why.empty())
       throw ppx::Error("--device " + mf.device_flag + ": " + why);
     PPX_CUDA_CHECK(cudaSetDevice(mf.cuda_device));
@@ -726,12 +736,15 @@ int bench(int argc, char** argv) {
   if (kv_fp8_by_position) ppx::kern::attention_set_fp8_by_head(false);  // before the model is built
   if (attention_policy >= 0) ppx::kern::attention_set_policy(attention_policy);  // before the graphs are captured
   g_attention_policy = attention_policy;
+  ppx::kern::attention_set_parts(attention_parts);  // before the graphs are captured
+  g_attention_parts = attention_parts;
   if (mimi_blas_rows >= 0) ppx::cuda::set_mimi_blas_rows(mimi_blas_rows);  // before the codec is built
   if ((mf.mimi_fp16 || mf.fast) && mf.device == "cuda") g_mimi_blas_rows = ppx::cuda::mimi_blas_rows();  // as it applies
 #else
   if (gemm_policy >= 0) throw ppx::Error("--gemm-policy needs a build with CUDA");
   if (no_gemm_chain) throw ppx::Error("--no-gemm-chain needs a build with CUDA");
   if (attention_policy >= 0) throw ppx::Error("--attention-policy needs a build with CUDA");
+  if (attention_parts > 0) throw ppx::Error("--attention-parts needs a build with CUDA");
   if (mimi_blas_rows >= 0) throw ppx::Error("--mimi-blas-rows needs a build with CUDA");
 #endif
   if (!sweep.empty()) {

@@ -360,8 +360,10 @@ nlohmann::ordered_json gemm_bench(cudaStream_t s, cublasHandle_t h, const std::v
 
 // The temporal attention of one layer at batch B (every row its own slot, all with n keys visible),
 // bf16 and fp8 caches: the bytes of keys and values read per second.
+// With `parts` (--attention-parts): only the fp8 cache, policies 0 and 3, each with every parts
+// count listed (0: the plan's).
 nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<int>& batches,
-                                            const std::vector<int>& keys) {
+                                            const std::vector<int>& keys, const std::vector<int>& parts) {
   using namespace ppx;
   const int H = 32, hd = 128, C = 3000, D = H * hd, Bmax = 64;
   const size_t cache = static_cast<size_t>(Bmax) * C * D;
@@ -391,6 +393,26 @@ nlohmann::ordered_json attention_batch_bench(cudaStream_t s, const std::vector<i
       // as CudaLm lays it out
       kern::RingArgs r8 = r.over_fp8(k8.get(), v8.get(), ks.get(), vs.get(), kern::attention_fp8_by_head());
       const double b16 = 2.0 * B * n * D * 2, b8 = 2.0 * B * n * (D + 1.0 * H);
+      if (!parts.empty()) {
+        for (int policy : {0, 3}) {
+          kern::attention_set_policy(policy);
+          for (int np : parts) {
+            kern::attention_set_parts(np);
+            const int ran = kern::attention_parts(B, H, C, true);
+            const double t8 =
+                time_graph_ms(s, 16, 5, [&](int) { kern::ring_attention(q.get(), r8, B, work.get(), out.get(), s); });
+            rows.push_back({{"B", B}, {"keys", n}, {"policy", policy}, {"fp8_by_head", r8.fp8_by_head},
+                            {"parts_asked", np}, {"parts", ran}, {"fp8_us", t8 * 1e3},
+                            {"fp8_tb_s", b8 / (t8 * 1e-3) / 1e12}});
+            std::printf("attention policy %d parts %2d%s B=%2d keys=%4d  fp8 %8.1f us %5.2f TB/s\n", policy, ran,
+                        np == 0 ? " (plan)" : "", B, n, t8 * 1e3, b8 / (t8 * 1e-3) / 1e12);
+            std::fflush(stdout);
+          }
+          kern::attention_set_parts(0);
+        }
+        kern::attention_set_policy(0);
+        continue;
+      }
       // Policy 2: the fp8 cache through the scalar kernel (before v0.18); 4: v0.18's tensor-core
       // kernel; 3 and 5: the lean tensor-core kernel with 3 and 4 stages; 0: shipped (the lean kernel,
       // 4 stages from 64 rows). The bf16 cache runs the same kernel under all of them.
@@ -461,6 +483,11 @@ int bench(int argc, char** argv) {
   app.add_option("--attention-keys", attention_keys, "visible keys of the attention-batch section")
       ->capture_default_str()
       ->check(CLI::Range(1, 3000));
+  std::vector<int> attention_parts;
+  app.add_option("--attention-parts", attention_parts,
+                 "attention-batch section: time only the fp8 cache's tensor-core kernel (policies 0 and 3) with each "
+                 "of these parts counts (0: its plan's; measurement hook, v0.37)")
+      ->check(CLI::Range(0, 1000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -546,7 +573,7 @@ int bench(int argc, char** argv) {
   if (want("gemv8")) j["gemv8"] = gemv8_bench(s);
   if (want("attention")) j["temporal_attention"] = attention_bench(s);
   if (want("attention-batch"))
-    j["temporal_attention_batch"] = attention_batch_bench(s, attention_batches, attention_keys);
+    j["temporal_attention_batch"] = attention_batch_bench(s, attention_batches, attention_keys, attention_parts);
   if (want("depformer")) j["depformer"] = depformer_bench(s);
   j["machine"] = ppx::app::machine_info();
   j["command"] = ppx::app::command_line(argc, argv);

@@ -492,6 +492,7 @@ void rope_append(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, const RingArgs&
 
 namespace {
 int g_attention_policy = 0;
+int g_attention_parts = 0;  // attention_set_parts: 0, the plan's
 bool g_fp8_by_head = true;  // as shipped since v0.34
 }  // namespace
 
@@ -503,11 +504,13 @@ void attention_set_policy(int policy) {
   attn_fp8::ready_policy(policy);
 }
 
+void attention_set_parts(int parts) { g_attention_parts = std::max(0, parts); }
+
 void attention_init() { attn_fp8::init(); }
 
 int attention_parts(int B, int H, int C, bool fp8) {
   const int splits = (C + kSplit - 1) / kSplit;
-  if (fp8) return attn_fp8::plan(B, H, C, g_attention_policy).parts;
+  if (fp8) return attn_fp8::plan(B, H, C, g_attention_policy, g_attention_parts).parts;
   // Up to 4 rows or with policy 1: a block per chunk; else about 2048 blocks of 4 warps.
   if (B <= 4 || g_attention_policy == 1) return splits;
   constexpr int kTargetBlocks = 2048;
@@ -527,7 +530,7 @@ void ring_attention(const __nv_bfloat16* q, const RingArgs& r, int B, float* wor
     throw std::runtime_error("attention: the fp8 cache's scales must start 16-byte aligned");
   const bool tc = attn_fp8::applies(r, g_attention_policy);
   const attn_fp8::Plan plan =
-      tc ? attn_fp8::plan(B, r.H, r.C, g_attention_policy) : attn_fp8::Plan{0, false, attention_parts(B, r.H, r.C)};
+      tc ? attn_fp8::plan(B, r.H, r.C, g_attention_policy, g_attention_parts) : attn_fp8::Plan{0, false, attention_parts(B, r.H, r.C)};
   const int parts = plan.parts;
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;

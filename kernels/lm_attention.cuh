@@ -92,6 +92,10 @@ int attention_parts(int B, int H, int C, bool fp8 = false);
 // when the kernel does not fit it.
 void attention_init();
 void attention_set_policy(int policy);
+// A measurement hook (personaplex-bench --attention-parts, the kernel bench's sweep): the fp8
+// tensor-core kernel's launches from 5 rows take this many parts (clamped to the context's 64-key
+// splits) instead of the plan's; 0, the default, keeps the plan's.
+void attention_set_parts(int parts);
 // CudaLm lays its fp8 caches out by head (RingArgs::fp8_by_head) when this is true when it is built:
 // the default, as shipped since docs/PERF.md v0.34 (the 64-row full-context step 0.2 ms shorter on
 // an H100); false, a measurement hook (personaplex-bench --kv-fp8-by-position), keeps v0.33's

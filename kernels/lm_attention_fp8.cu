@@ -367,7 +367,7 @@ bool applies(const RingArgs& r, int policy) { return r.k8 != nullptr && r.hd == 
 // keys 38% slower with 4 stages, 64 rows as fast over 300 keys and 2% faster over 3000; rows in
 // between were not measured, so they keep 3). Policies (benchmarks and tests): 3 and 5, the lean
 // kernel with 3 and 4 stages (up to 4 rows, 3: a block a chunk); 4, v0.18's kernel (3 stages).
-Plan plan(int B, int H, int C, int policy) {
+static Plan plan_of(int B, int H, int C, int policy) {
   constexpr int kDeepRows = 64;
   const int splits = (C + kSplit - 1) / kSplit;
   const int64_t rh = static_cast<int64_t>(H) * B;
@@ -385,6 +385,12 @@ Plan plan(int B, int H, int C, int policy) {
   if (policy == 3 || (policy != 5 && B < kDeepRows))
     return {kFp8Stages, true, fp8_parts(splits, rh, cap3)};
   return {4, true, fp8_parts(splits, rh, fp8_blocks_or_throw<4, true>())};
+}
+
+Plan plan(int B, int H, int C, int policy, int forced_parts) {
+  Plan p = plan_of(B, H, C, policy);
+  if (forced_parts > 0 && B > 4 && policy != 1) p.parts = std::min(forced_parts, (C + kSplit - 1) / kSplit);
+  return p;
 }
 
 void launch(const __nv_bfloat16* q, const RingArgs& r, int B, const Plan& p, float* work, cudaStream_t s) {

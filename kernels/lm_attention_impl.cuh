@@ -66,7 +66,7 @@ struct Plan {
   bool lean;
   int parts;
 };
-Plan plan(int B, int H, int C, int policy);
+Plan plan(int B, int H, int C, int policy, int forced_parts = 0);
 // Writes the plan's parts into `work` (grid (H, parts, B)), for attention_combine_kernel.
 void launch(const __nv_bfloat16* q, const RingArgs& r, int B, const Plan& p, float* work, cudaStream_t s);
 // Readies the shipped kernels (3 and 4 stages) on the current device, outside stream capture.
