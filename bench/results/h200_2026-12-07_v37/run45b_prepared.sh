@@ -12,6 +12,14 @@ import csv,os
 rows=list(csv.reader(open(os.environ['OUT']+'/attn_new_raw.csv')));h,u,v=rows[0],rows[1],rows[2];d={k:(u[i],v[i]) for i,k in enumerate(h)}
 for k in ['gpu__time_duration.sum','dram__bytes_read.sum','dram__throughput.avg.pct_of_peak_sustained_elapsed','lts__throughput.avg.pct_of_peak_sustained_elapsed','lts__t_sectors_srcunit_tex_op_read.sum','lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum','lts__t_requests_srcunit_tex_op_read.sum','smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum','sm__sass_l1tex_t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum','smsp__inst_executed.sum']: print(k,*d.get(k,('-','-')))
 P
+# The wgmma GEMM's shared-memory rows (160-byte pitch) at 64 rows: its L2 requests and LDGSTS wavefronts
+timeout 120 $N --kernel-name regex:wg_kernel --launch-skip 2 --launch-count 1 --set full --export $OUT/gemm_ffn_in --force-overwrite $B/personaplex-bench-kernels --only gemm --gemm-batches 64 --gemm-shapes "temporal ffn in" > $OUT/ncu_gemm.log 2>&1; echo "ncu gemm rc=$?"
+$N --import $OUT/gemm_ffn_in.ncu-rep --page raw --csv > $OUT/gemm_ffn_in_raw.csv 2>&1
+python3 - <<'P'
+import csv,os
+rows=list(csv.reader(open(os.environ['OUT']+'/gemm_ffn_in_raw.csv')));h,u,v=rows[0],rows[1],rows[2];d={k:(u[i],v[i]) for i,k in enumerate(h)}
+for k in ['gpu__time_duration.sum','dram__bytes_read.sum','dram__throughput.avg.pct_of_peak_sustained_elapsed','lts__throughput.avg.pct_of_peak_sustained_elapsed','lts__t_sectors_srcunit_tex_op_read.sum','lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum','lts__t_requests_srcunit_tex_op_read.sum','smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum','sm__sass_l1tex_t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum','smsp__inst_executed_op_ldgsts.sum','sm__throughput.avg.pct_of_peak_sustained_elapsed']: print(k,*d.get(k,('-','-')))
+P
 lm() { timeout 100 $1 --device cuda --random-weights --fast --kv-fp8 --lm-batch 64 --prefill 2999 --frames 60 --warmup 5 --out $OUT/lm_$2.json > $OUT/lm_$2.log 2>&1; echo "$2 rc=$?"
   python3 -c "import json,sys;d=json.load(open(sys.argv[1]));s=d['batches'][0]['step_ms'];print(sys.argv[1].split('/')[-1],s['p50'],s['p99'])" $OUT/lm_$2.json; }
 lm $O/personaplex-bench old_a; lm $B/personaplex-bench new_a; lm $O/personaplex-bench old_b; lm $B/personaplex-bench new_b
