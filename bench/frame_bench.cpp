@@ -702,6 +702,7 @@ int bench(int argc, char** argv) {
                  "(cudaProfilerStart / Stop), so that a profiler started with its capture off (ncu "
                  "--profile-from-start off) measures only those steps, after the prefill; CUDA builds only")
       ->check(CLI::Range(0, 100000000));
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -488,6 +488,7 @@ int bench(int argc, char** argv) {
                  "attention-batch section: time only the fp8 cache's tensor-core kernel (policies 0 and 3) with each "
                  "of these parts counts (0: its plan's; measurement hook, v0.37)")
       ->check(CLI::Range(0, 1000));
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

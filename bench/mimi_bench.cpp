@@ -193,6 +193,7 @@ int bench(int argc, char** argv) {
                  "of at least this many rows (2 or more) as TF32 cuBLAS GEMMs (cuda::set_mimi_blas_rows); 0: never "
                  "(the v0.20 codec); default: as shipped (4 rows)")
       ->check(CLI::Range(0, 100000));
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -84,6 +84,7 @@ int quality(int argc, char** argv) {
   app.add_flag("--no-w8", no_w8, "the candidate keeps bf16 weights (to study --kv-fp8 alone)");
   app.add_flag("--kv-fp8", kv_fp8, "the candidate keeps its KV cache in fp8 (--kv-fp8)");
   app.add_option("--out", out, "write the JSON result here too");
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

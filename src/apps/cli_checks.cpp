@@ -33,6 +33,31 @@ CLI::Validator finite() {
       "FINITE");
 }
 
+void check_numbers(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    const bool is_int = type.rfind("INT", 0) == 0, is_uint = type.rfind("UINT", 0) == 0;
+    if (!is_int && !is_uint && type.rfind("FLOAT", 0) != 0) continue;
+    o->check(CLI::Validator(
+        [is_int, is_uint](std::string& v) -> std::string {
+          if (v.empty()) return "expects a number, got an empty value";
+          if (!is_int && !is_uint) return "";
+          errno = 0;
+          char* end = nullptr;
+          if (is_uint) {
+            if (v.find('-') != std::string::npos) return "";  // CLI11 refuses it itself
+            (void)std::strtoull(v.c_str(), &end, 0);
+          } else {
+            (void)std::strtoll(v.c_str(), &end, 0);
+          }
+          if (errno == ERANGE) return "the number " + v + " is out of range";
+          return "";
+        },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) check_numbers(*sub);
+}
+
 namespace {
 
 // The file `p` names, for comparing paths that may not exist yet.

@@ -14,6 +14,12 @@ namespace ppx::app {
 // tools) and exit status 2; --help and --version print and give 0.
 int parse_failed(CLI::App& app, const CLI::ParseError& e);
 
+// Checks every numeric option of `app` and its subcommands (call it once the options are added,
+// before parsing): an empty value is refused (CLI11 would keep the default: `--port ""` served on
+// the default port) and so is an integer outside its type's range (CLI11 would clamp it:
+// `--seed 99999999999999999999` ran as the largest seed).
+void check_numbers(CLI::App& app);
+
 // A validator that refuses nan and inf (any case, signed): `->check(finite() & CLI::Range(a, b))`.
 CLI::Validator finite();
 

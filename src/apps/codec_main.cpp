@@ -28,6 +28,7 @@ int codec(int argc, char** argv) {
   app.add_option("--device", device, "cpu")->capture_default_str();
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress bar");
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -212,6 +212,7 @@ int body(int argc, char** argv) {
                "prompt (the server's prompt cache cannot serve them: their prompts start uncached; "
                "with no prompt given, \"Conversation (N)\")");
   app.add_flag("--quiet", o.quiet, "no per-session table (failed sessions are still listed)");
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -213,8 +213,11 @@ LoadedModel load_model(const ModelFlags& f_in) {
   } else {
     mw = std::make_unique<RandomWeights>(f.demo_seed);
     lw = std::make_unique<RandomWeights>(f.demo_seed);
-    m.description = std::string(demo ? "embedded tiny demo model" : "full-size model") +
-                    " (random weights, seed " + std::to_string(f.demo_seed) + ")";
+    // The config named, when one is (--random-weights --config tiny.json is not the full-size model).
+    const std::string what = !f.config.empty() ? "model of " + f.config
+                             : demo            ? std::string("embedded tiny demo model")
+                                               : std::string("full-size model");
+    m.description = what + " (random weights, seed " + std::to_string(f.demo_seed) + ")";
   }
   try {
     if (f.device == "cuda") {

@@ -54,6 +54,7 @@ int offline(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()));
   app.add_flag("--quiet", quiet, "no progress bar");
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

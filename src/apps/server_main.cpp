@@ -246,6 +246,7 @@ int serve(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.add_flag("--log-json", log_json,
                "log one JSON object per line (time, level, msg and the event's fields)");
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
     o.codec_batch = !per_session_codec;

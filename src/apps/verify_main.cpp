@@ -120,6 +120,13 @@ int verify(int argc, char** argv) {
   session->add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   session->add_flag("--teacher-forced", teacher_forced,
                     "take each sampled token from the golden logits' argmax, so the token history cannot diverge");
+  // A word that names no command ("A subcommand is required" would not say which word was wrong).
+  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "mimi" && std::string(argv[1]) != "session") {
+    std::fprintf(stderr, "error: unknown command '%s' (the commands: mimi, session)\nRun with --help for more information.\n",
+                 argv[1]);
+    return 2;
+  }
+  ppx::app::check_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
