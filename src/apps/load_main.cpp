@@ -100,7 +100,7 @@ std::vector<std::shared_ptr<const ppx::load::EncodedStream>> prepare_audio(const
   const int k = o.input.empty() ? std::max(1, std::min(o.signals, o.sessions)) : 1;
   std::vector<std::shared_ptr<const ppx::load::EncodedStream>> out(static_cast<size_t>(k));
   if (!o.input.empty()) {
-    out[0] = ppx::load::encode_stream(ppx::load::file_signal(o.input, frames));
+    out[0] = ppx::load::encode_file(o.input, frames);
     return out;
   }
   std::vector<std::thread> pool;
@@ -112,8 +112,7 @@ std::vector<std::shared_ptr<const ppx::load::EncodedStream>> prepare_audio(const
     pool.emplace_back([&] {
       try {
         for (int i = next++; i < k; i = next++)
-          out[static_cast<size_t>(i)] = ppx::load::encode_stream(
-              ppx::load::speech_like_signal(o.seed + static_cast<uint64_t>(i), frames));
+          out[static_cast<size_t>(i)] = ppx::load::encode_speech_like(o.seed + static_cast<uint64_t>(i), frames);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!failed) failed = std::current_exception();
@@ -126,11 +125,14 @@ std::vector<std::shared_ptr<const ppx::load::EncodedStream>> prepare_audio(const
     try {
       std::rethrow_exception(failed);
     } catch (const std::bad_alloc&) {
-      const double gb = static_cast<double>(frames) * ppx::load::kFrameSamples * sizeof(float) / 1e9;
-      throw ppx::Error("out of memory preparing the audio: each of the " + std::to_string(k) +
-                       " signals is generated whole (" + std::to_string(static_cast<int>(gb + 0.5)) +
-                       " GB of PCM each, " + std::to_string(workers) +
-                       " at a time) before it is encoded; use a shorter --duration or fewer --signals");
+      // Each signal keeps its pages: ~0.35 KB a frame with the vectors' overhead.
+      const double gb = static_cast<double>(frames) * 350.0 * k / 1e9;
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "out of memory keeping the encoded audio: %d signals of %lld frames each (~%.1f GB of "
+                    "pages); use a shorter --duration or fewer --signals",
+                    k, static_cast<long long>(frames), gb);
+      throw ppx::Error(msg);
     }
   }
   return out;

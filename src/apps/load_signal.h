@@ -27,6 +27,16 @@ std::vector<float> speech_like_signal(uint64_t seed, int64_t frames);
 // it cannot be read or holds no samples.
 std::vector<float> file_signal(const std::string& path, int64_t frames);
 
+// The pages of speech_like_signal(seed, frames) and of file_signal(path, frames), made a frame at a
+// time: past ~11.6 minutes the PCM is never held whole (a day of it is 8.3 GB of floats), only the
+// pages (~0.3 KB a frame); the speech-like signal is then generated twice (first for its level).
+struct EncodedStream;
+// `whole_samples`: the longest signal kept whole (64 MB of floats, ~11.6 minutes; tests lower it).
+inline constexpr int64_t kWholeSignalSamples = (int64_t{64} << 20) / 4;
+std::shared_ptr<const EncodedStream> encode_speech_like(uint64_t seed, int64_t frames,
+                                                        int64_t whole_samples = kWholeSignalSamples);
+std::shared_ptr<const EncodedStream> encode_file(const std::string& path, int64_t frames);
+
 // One session's outgoing messages, immutable and shared by the sessions that stream the same
 // audio: `head` and `tags` (0x01 + OpusHead page, 0x01 + OpusTags page), then `frames[k]`
 // (0x01 + the page of frame k).
