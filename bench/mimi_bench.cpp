@@ -8,7 +8,7 @@
 // max(N) slots, and per N the batched encode and decode of N slots (encode_batch/decode_batch, each
 // captured once in a graph), timed per pass and reported per row as well.
 //
-//   personaplex-bench-mimi [--config configs/personaplex-7b.json] [--mimi W] [--frames N]
+//   personaplex-bench-mimi [--config C] [--mimi W] [--frames N]
 //                          [--warmup N] [--device cpu|cuda] [--batch N1 N2 ...] [--out bench/results/x.json]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "apps/common.h"
 #include "ppx/error.h"
 #include "ppx/config.h"
+#include "ppx/resources.h"
 #include "ppx/mimi.h"
 #include "ppx/safetensors.h"
 #include "ppx/weights.h"
@@ -168,10 +169,11 @@ nlohmann::ordered_json bench_cuda_batches(const ppx::MimiConfig& c, ppx::WeightS
 
 int bench(int argc, char** argv) {
   CLI::App app{"Per-frame Mimi encode/decode timing on the CPU"};
-  std::string config = "configs/personaplex-7b.json", weights, out;
+  std::string config, weights, out;  // no --config: the embedded PersonaPlex 7B config
   int frames = 50, warmup = 5;
   uint64_t seed = 1234;
-  app.add_option("--config", config, "model config JSON")->capture_default_str()->check(CLI::ExistingFile);
+  app.add_option("--config", config, "model config JSON (default: the embedded PersonaPlex 7B config)")
+      ->check(CLI::ExistingFile);
   app.add_option("--mimi", weights, "Mimi weights; random weights of the config's size when absent");
   app.add_option("--frames", frames, "timed frames")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed frames first")->capture_default_str()->check(CLI::Range(0, 1000000));
@@ -199,7 +201,9 @@ int bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return ppx::app::parse_failed(app, e);
   }
-  const ppx::ModelConfig cfg = ppx::load_config(config);
+  const ppx::ModelConfig cfg =
+      config.empty() ? ppx::parse_config(std::string(ppx::embedded_config("personaplex-7b")), "embedded:personaplex-7b")
+                     : ppx::load_config(config);
   std::unique_ptr<ppx::WeightSource> w;
   if (weights.empty()) {
     w = std::make_unique<ppx::RandomWeights>(seed);
@@ -224,7 +228,7 @@ int bench(int argc, char** argv) {
     j["mimi_fp16"] = fp16;
     j["mimi_fp16_always"] = fp16_always;
     j["mimi_blas_rows"] = blas_rows;
-    j["config"] = config;
+    j["config"] = config.empty() ? "embedded:personaplex-7b" : config;
     j["weights"] = weights.empty() ? "random" : weights;
     j["frames"] = frames;
     j["warmup"] = warmup;
@@ -276,7 +280,7 @@ int bench(int argc, char** argv) {
   j["mimi_fp16"] = fp16;
   j["mimi_fp16_always"] = fp16_always;
   j["mimi_blas_rows"] = blas_rows;
-  j["config"] = config;
+  j["config"] = config.empty() ? "embedded:personaplex-7b" : config;
   j["weights"] = weights.empty() ? "random" : weights;
   j["device"] = device;
   if (!gpu.empty()) j["gpu"] = gpu;

@@ -45,7 +45,8 @@ void check_numbers(CLI::App& app) {
           errno = 0;
           char* end = nullptr;
           if (is_uint) {
-            if (v.find('-') != std::string::npos) return "";  // CLI11 refuses it itself
+            // CLI11 wraps a negative value of a 64-bit unsigned option (--seed -1: 2^64 - 1).
+            if (v.find('-') != std::string::npos) return "expects a number of at least 0, got " + v;
             (void)std::strtoull(v.c_str(), &end, 0);
           } else {
             (void)std::strtoll(v.c_str(), &end, 0);

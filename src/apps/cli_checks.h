@@ -17,7 +17,8 @@ int parse_failed(CLI::App& app, const CLI::ParseError& e);
 // Checks every numeric option of `app` and its subcommands (call it once the options are added,
 // before parsing): an empty value is refused (CLI11 would keep the default: `--port ""` served on
 // the default port) and so is an integer outside its type's range (CLI11 would clamp it:
-// `--seed 99999999999999999999` ran as the largest seed).
+// `--seed 99999999999999999999` ran as the largest seed; or wrap it: an unsigned 64-bit `--seed -1`
+// ran as 2^64 - 1).
 void check_numbers(CLI::App& app);
 
 // A validator that refuses nan and inf (any case, signed): `->check(finite() & CLI::Range(a, b))`.
