@@ -367,9 +367,11 @@ bool applies(const RingArgs& r, int policy) { return r.k8 != nullptr && r.hd == 
 // keys 38% slower with 4 stages, 64 rows as fast over 300 keys and 2% faster over 3000; rows in
 // between were not measured, so they keep 3). Policies (benchmarks and tests): 3 and 5, the lean
 // kernel with 3 and 4 stages (up to 4 rows, 3: a block a chunk); 4, v0.18's kernel (3 stages).
+static int splits_of(int C) { return (C + kSplit - 1) / kSplit; }
+
 static Plan plan_of(int B, int H, int C, int policy) {
   constexpr int kDeepRows = 64;
-  const int splits = (C + kSplit - 1) / kSplit;
+  const int splits = splits_of(C);
   const int64_t rh = static_cast<int64_t>(H) * B;
   // The shared memory of each kernel is allowed once per device in fp8_blocks_or_throw (outside
   // stream capture when CudaLm readied them first, see attention_init); a device it does not fit is
@@ -389,7 +391,7 @@ static Plan plan_of(int B, int H, int C, int policy) {
 
 Plan plan(int B, int H, int C, int policy, int forced_parts) {
   Plan p = plan_of(B, H, C, policy);
-  if (forced_parts > 0 && B > 4 && policy != 1) p.parts = std::min(forced_parts, (C + kSplit - 1) / kSplit);
+  if (forced_parts > 0 && B > 4 && policy != 1) p.parts = std::min(forced_parts, splits_of(C));
   return p;
 }
 

@@ -121,10 +121,18 @@ int verify(int argc, char** argv) {
   session->add_flag("--teacher-forced", teacher_forced,
                     "take each sampled token from the golden logits' argmax, so the token history cannot diverge");
   // A word that names no command ("A subcommand is required" would not say which word was wrong).
-  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "mimi" && std::string(argv[1]) != "session") {
-    std::fprintf(stderr, "error: unknown command '%s' (the commands: mimi, session)\nRun with --help for more information.\n",
-                 argv[1]);
-    return 2;
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known = known || sub->check_name(argv[1]);
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: unknown command '%s' (the commands: %s)\nRun with --help for more information.\n",
+                   argv[1], names.c_str());
+      return 2;
+    }
   }
   ppx::app::check_numbers(app);
   try {
