@@ -42,10 +42,20 @@ using namespace attn_impl;
 // only keys whose value scale is below 2^-100, values of at most 448 x 2^-100). Scores run in log2
 // units; m leaves in natural units.
 constexpr int kFp8Hd = 128;
-constexpr int kFp8StageBytes = 2 * 16 * kFp8Hd + 2 * 16 + 16;  // keys, values, scale bytes, mask
+// A stage: keys, values, scale bytes, mask, padded to whole 128-byte lines. Every stage starts on
+// a 128-byte line of shared memory (the ring's base is aligned in the kernel, below). With
+// 4144-byte stages after the static shared memory's 2080 bytes, all but 2 of a block's 12 or 16
+// stages began inside a line, so each quarter warp's 128-byte key or value row straddled two lines
+// and took two shared-memory wavefronts (docs/PERF.md v0.37, an H200: 6.7 wavefronts a copy
+// instruction where 4 would do, and the L2 asked for 73.7M sectors for the 49.5M in the cache,
+// busy at 93% with the DRAM at 83%). With whole-line stages (v0.38, an H100) the 64-row
+// full-context --kv-fp8 step took 0.84 ms less (25.55 -> 24.70 ms p50).
+constexpr int kFp8StageBytes = (2 * 16 * kFp8Hd + 2 * 16 + 16 + 127) / 128 * 128;
+constexpr int kSmemAlign = 128;
+static_assert(kFp8StageBytes % kSmemAlign == 0, "a stage is whole 128-byte lines");
 template <int S>
 constexpr size_t fp8_attention_smem() {
-  return static_cast<size_t>(S) * kAttnWarps * kFp8StageBytes;
+  return static_cast<size_t>(S) * kAttnWarps * kFp8StageBytes + kSmemAlign;  // + the base's alignment
 }
 
 // ex2.approx.ftz: 2^x, subnormal results flushed to zero (a weight below 2^-126 adds nothing here).
@@ -130,7 +140,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_fp8_mma_kernel(cons
   const uint8_t* vsb = r.v_scale + (static_cast<int64_t>(slot) * r.H + h) * fp8_scale_pitch(r.C);
   const int chunks = live_chunks(qpos, r.C);
   const int mine = part < chunks ? (chunks - part + parts - 1) / parts : 0;  // this block's chunks
-  unsigned char* ring = fp8_smem + static_cast<size_t>(warp) * S * kFp8StageBytes;
+  // The dynamic shared memory follows the static (sm, sl, sacc below): its base is aligned here.
+  unsigned char* const smem0 =
+      fp8_smem + ((kSmemAlign - (static_cast<unsigned>(__cvta_generic_to_shared(fp8_smem)) & (kSmemAlign - 1))) &
+                  (kSmemAlign - 1));
+  unsigned char* ring = smem0 + static_cast<size_t>(warp) * S * kFp8StageBytes;
   // Chunk n of this block (ring stage n % S): keys part + n parts's 16 of this warp.
   const int Em = E % r.C;  // LEAN: ring_visible's E % C, once
   auto issue = [&](int n, int stage) {

@@ -39,10 +39,24 @@ constexpr int kKt = 64;        // k per stage (policy 4; policy 5 takes 128 wher
 constexpr int kRows = 128;     // weight rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 // Bytes per weight row in a stage: a half warp reads 8 bytes at 8 t of rows g = 0..3 (or 4..7);
-// a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks.
-// At k-tiles of 128, 160 (40 words) does the same.
+// a pitch of 96 (24 words) puts those 16 reads on 32 distinct banks. At k-tiles of 128 a stage
+// keeps 160 bytes a row of room (its size fixes the stages and the plan), but the rows sit at 128
+// (w_row, below).
 constexpr int w_pitch(int kt) { return kt + 32; }
 constexpr int w_stage(int kt) { return kRows * w_pitch(kt); }
+// At k-tiles of 128 the rows are laid at a pitch of 128 instead (each row one 128-byte line of
+// shared memory: a 160-byte pitch made three rows in four straddle two lines, so a quarter warp's
+// cp.async took two wavefronts and, as the fp8 attention showed, the L2 more sectors than the row
+// holds: docs/PERF.md v0.37), with its 32-byte pieces swizzled by the row (piece ^ (row & 3)) so
+// that a half warp's reads still hit 32 distinct banks. The stage keeps w_stage's size, so the
+// stages, the k-tiles and the plan are as before.
+constexpr bool w_swizzled(int kt) { return kt == 128; }
+constexpr int w_row(int kt) { return w_swizzled(kt) ? kt : w_pitch(kt); }
+// The byte offset in its row of 32-byte piece c of row r (bytes 32 c .. 32 c + 31 of the k-tile).
+template <int KT>
+__device__ __forceinline__ int w_piece(int c, int r) {
+  return (w_swizzled(KT) ? (c ^ (r & 3)) : c) * 32;
+}
 constexpr int kMaxUnits = kMaxRows / 16;  // 16-column units of the MMA's N
 
 constexpr int stage_bytes(int nu, int kt) { return w_stage(kt) + nu * 16 * kt * static_cast<int>(sizeof(__half)); }
@@ -293,18 +307,19 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
 
 // One k-tile of a warpgroup's MMAs, committed as one group: every A fragment of the tile first
 // (k16 steps 2c and 2c + 1 of 32-wide chunk c; rows g and g + 8 of this warp's 16 at wr and 8
-// pitches further) converted into fr, then the MMAs over the activations at descriptor xs.
+// rows further; g & 3 is both rows' swizzle) converted into fr, then the MMAs over the
+// activations at descriptor xs.
 template <int NU, int KT>
 __device__ __forceinline__ void mma_ktile(float* acc, uint32_t (&fr)[KT / 16][4], const unsigned char* wr,
-                                          uint64_t xs, int t) {
-  constexpr int kBp = NU * 16, kWPitch = w_pitch(KT);
+                                          uint64_t xs, int g, int t) {
+  constexpr int kBp = NU * 16, kWRow = w_row(KT);
 #pragma unroll
   for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
 #pragma unroll
   for (int c = 0; c < KT / 32; ++c) {
-    uint32_t a0[4], a1[4];  // rows g and g + 8
-    int8x8_to_half(wr + c * 32 + 8 * t, a0);
-    int8x8_to_half(wr + 8 * kWPitch + c * 32 + 8 * t, a1);
+    uint32_t a0[4], a1[4];  // rows g and g + 8 (the same row mod 4)
+    int8x8_to_half(wr + w_piece<KT>(c, g) + 8 * t, a0);
+    int8x8_to_half(wr + 8 * kWRow + w_piece<KT>(c, g) + 8 * t, a1);
     fr[2 * c][0] = a0[0], fr[2 * c][1] = a1[0], fr[2 * c][2] = a0[1], fr[2 * c][3] = a1[1];
     fr[2 * c + 1][0] = a0[2], fr[2 * c + 1][1] = a1[2];
     fr[2 * c + 1][2] = a0[3], fr[2 * c + 1][3] = a1[3];
@@ -407,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = stages_of(NU, KT);
   static_assert(kStages >= 4, "the pipeline needs two stages ahead");
   constexpr int kXStage = kBp * KT;  // halves of a stage's activations
-  constexpr int kWPitch = w_pitch(KT), kWStage = w_stage(KT);
+  constexpr int kWRow = w_row(KT), kWStage = w_stage(KT);
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wst = smem;
   __half* xst = reinterpret_cast<__half*>(smem + kStages * kWStage);
@@ -425,7 +440,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kThreads % (KT / 16) == 0, "whole rows per copy step");
   constexpr int kXChunks = kXStage / 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t w_dst = s_base + (tid / (KT / 16)) * kWPitch + (tid % (KT / 16)) * 16;
+  // Row tid / (KT / 16) (the same mod 4 for every copy c: kRowStep is a multiple of 4), 16-byte
+  // piece j = tid % (KT / 16) of it: half j % 2 of its 32-byte piece j / 2.
+  static_assert(kRowStep % 4 == 0, "a thread's rows share their swizzle");
+  const uint32_t w_dst = s_base + (tid / (KT / 16)) * kWRow +
+                         w_piece<KT>((tid % (KT / 16)) / 2, tid / (KT / 16)) + ((tid % (KT / 16)) % 2) * 16;
   const uint32_t x_dst = s_base + kStages * kWStage + tid * 16;
   const __half* x_src = xw + tid * 8;
   int roff[kCopies];
@@ -440,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int8_t* wk = w + is_kk * KT;
       const uint32_t wd = w_dst + is_stage * kWStage;
 #pragma unroll
-      for (int c = 0; c < kCopies; ++c) cp_async16_s(wd + c * kRowStep * kWPitch, wk + roff[c]);
+      for (int c = 0; c < kCopies; ++c) cp_async16_s(wd + c * kRowStep * kWRow, wk + roff[c]);
       const __half* xs = x_src + is_kk * kXStage;
       const uint32_t xd = x_dst + is_stage * (kXStage * 2);
 #pragma unroll
@@ -475,11 +494,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (each waited for all but its newest group at the end of tile it - 1), so its stage is free.
     __syncthreads();
     issue(it + kAhead);
-    const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWPitch;
+    const unsigned char* wr = wst + cs * kWStage + (warp * 16 + g) * kWRow;
     const uint64_t xs = x_desc + static_cast<uint32_t>(cs * (kXStage * 2 / 16));
     cs = cs + 1 == kStages ? 0 : cs + 1;
     // Into the set no group in flight reads (tile it - 2's, completed).
-    mma_ktile<NU, KT>(acc, fr[f], wr, xs, t);
+    mma_ktile<NU, KT>(acc, fr[f], wr, xs, g, t);  // row warp * 16 + g: g mod 4
     wg_wait<1>();
 #pragma unroll
     for (int i = 0; i < NU * 8; ++i) fence_operand(acc[i]);
