@@ -440,11 +440,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kThreads % (KT / 16) == 0, "whole rows per copy step");
   constexpr int kXChunks = kXStage / 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // Row tid / (KT / 16) (the same mod 4 for every copy c: kRowStep is a multiple of 4), 16-byte
-  // piece j = tid % (KT / 16) of it: half j % 2 of its 32-byte piece j / 2.
+  // This thread's row (the same mod 4 for every copy c: kRowStep is a multiple of 4) and 16-byte
+  // piece j of it: half j % 2 of its 32-byte piece j / 2.
   static_assert(kRowStep % 4 == 0, "a thread's rows share their swizzle");
-  const uint32_t w_dst = s_base + (tid / (KT / 16)) * kWRow +
-                         w_piece<KT>((tid % (KT / 16)) / 2, tid / (KT / 16)) + ((tid % (KT / 16)) % 2) * 16;
+  const int w_r = tid / (KT / 16), w_j = tid % (KT / 16);
+  const uint32_t w_dst = s_base + w_r * kWRow + w_piece<KT>(w_j / 2, w_r) + (w_j % 2) * 16;
   const uint32_t x_dst = s_base + kStages * kWStage + tid * 16;
   const __half* x_src = xw + tid * 8;
   int roff[kCopies];
